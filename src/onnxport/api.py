@@ -1,0 +1,214 @@
+"""Façades that string the stages together: what the CLI calls, and the public Python API."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from . import __version__, environment, report
+from .check import CheckResult, check
+from .diagnostics import Diagnostic, error
+from .errors import ExportFailed, UsageError
+from .export import ExportResult, move_model
+from .export import export as run_export
+from .parity import FP32, ParityResult, Tolerance, compare
+from .sources import load, parse_model_args
+from .sources.base import LoadedModel
+from .spec import Dim, InputSpec, parse_dim, parse_input
+
+Progress = Callable[[str], None]
+RESULT_FILES = ("model.onnx", "model.onnx.data", "model.unverified.onnx", "model.unverified.onnx.data",
+                "best.onnx", "report.json", "report.html", "report.md")
+
+
+def _noop(_: str) -> None:
+    return None
+
+
+def _as_specs(inputs: Sequence[str | InputSpec] | None) -> list[InputSpec]:
+    return [i if isinstance(i, InputSpec) else parse_input(i) for i in inputs or []]
+
+
+def _as_dims(dims: Sequence[str | Dim] | None) -> list[Dim]:
+    return [d if isinstance(d, Dim) else parse_dim(d) for d in dims or []]
+
+
+def prepare_out(out: str | Path, force: bool) -> Path:
+    """Create ``out``; refuse to overwrite earlier results unless ``force``; clear them with ``force``."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file", "name a directory for the results")
+    existing = [n for n in RESULT_FILES if (out / n).exists()] + (["variants/"] if (out / "variants").exists() else [])
+    if existing and not force:
+        raise UsageError(f"{out} already holds results ({', '.join(existing[:3])})",
+                         "pass --force to overwrite them, or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    for name in existing:
+        target = out / name.rstrip("/")
+        if target.is_dir():
+            shutil.rmtree(target)
+        else:
+            target.unlink(missing_ok=True)
+    return out
+
+
+def load_model(source: str, *, inputs: Sequence[str | InputSpec] | None = None,
+               dims: Sequence[str | Dim] | None = None, model_args: dict | str | None = None,
+               weights: str | None = None, task: str | None = None, trust_remote_code: bool = False) -> LoadedModel:
+    """Load a model source (see DESIGN.md SOURCE forms) into a LoadedModel."""
+    args = parse_model_args(model_args) if isinstance(model_args, str) else (model_args or {})
+    return load(source, inputs=_as_specs(inputs), dims=_as_dims(dims), model_args=args, weights=weights,
+                task=task, trust_remote_code=trust_remote_code)
+
+
+def export(source: str, out: str | Path, *, inputs: Sequence[str | InputSpec] | None = None,
+           dims: Sequence[str | Dim] | None = None, model_args: dict | str | None = None,
+           weights: str | None = None, task: str | None = None, exporter: str = "auto", opset: int | None = None,
+           tolerance: Tolerance = FP32, force: bool = False, trust_remote_code: bool = False,
+           command: str | None = None, progress: Progress = _noop) -> dict:
+    """Export, check and prove ``source``; write OUT/model.onnx and OUT/report.json. Returns the report."""
+    return _pipeline(source, out, inputs=inputs, dims=dims, model_args=model_args, weights=weights, task=task,
+                     exporter=exporter, opset=opset, tolerance=tolerance, force=force,
+                     trust_remote_code=trust_remote_code, command=command, progress=progress)
+
+
+def convert(source: str, out: str | Path, **kwargs: Any) -> dict:
+    """The whole pipeline for ``source`` (export, check, parity; later stages as they apply)."""
+    return _pipeline(source, out, **kwargs)
+
+
+def _pipeline(source: str, out: str | Path, *, inputs=None, dims=None, model_args=None, weights=None, task=None,
+              exporter: str = "auto", opset: int | None = None, tolerance: Tolerance = FP32, force: bool = False,
+              trust_remote_code: bool = False, command: str | None = None, progress: Progress = _noop) -> dict:
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    progress(f"loading {source}")
+    if Path(out).exists() and not force:
+        prepare_out(out, force=False)  # fail fast before the (slow) load
+    loaded = load_model(source, inputs=inputs, dims=dims, model_args=model_args, weights=weights, task=task,
+                        trust_remote_code=trust_remote_code)
+    timings["load"] = time.perf_counter() - t0
+    out = prepare_out(out, force)
+    work = Path(tempfile.mkdtemp(prefix=".onnxport-", dir=out))
+    try:
+        return _run_stages(loaded, out, work, exporter=exporter, opset=opset, tolerance=tolerance,
+                           command=command, progress=progress, timings=timings)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_stages(loaded: LoadedModel, out: Path, work: Path, *, exporter: str, opset: int | None,
+                tolerance: Tolerance, command: str | None, progress: Progress, timings: dict) -> dict:
+    diags: list[Diagnostic] = list(loaded.diagnostics)
+    progress(f"exporting ({exporter})")
+    t = time.perf_counter()
+    try:
+        result = run_export(loaded, work / "model.onnx", exporter=exporter, opset=opset)
+    except ExportFailed as e:
+        timings["export"] = time.perf_counter() - t
+        diags.extend(getattr(e, "diagnostics", ()))
+        diags.append(error("export-failed", e.message, hint=e.hint))
+        rep = build_report(loaded, None, None, None, diags, timings, command,
+                           attempts=getattr(e, "attempts", ()))
+        report.write_all(rep, out)
+        return rep
+    timings["export"] = time.perf_counter() - t
+    diags.extend(result.diagnostics)
+    progress("checking the graph")
+    t = time.perf_counter()
+    checked = check(result.path, loaded.inputs, loaded.dims)
+    timings["check"] = time.perf_counter() - t
+    diags.extend(checked.diagnostics)
+    progress("proving parity with PyTorch")
+    t = time.perf_counter()
+    parity = compare(loaded, result.path, tolerance=tolerance, dim_checks=checked.dynamic_dims)
+    timings["parity"] = time.perf_counter() - t
+    diags.extend(parity.diagnostics)
+    rep = build_report(loaded, result, checked, parity, diags, timings, command)
+    final = out / ("model.onnx" if rep["status"] == "ok" else "model.unverified.onnx")
+    move_model(result.path, final)
+    rep["export"]["path"] = final.name
+    report.write_all(rep, out)
+    return rep
+
+
+def build_report(loaded: LoadedModel, result: ExportResult | None, checked: CheckResult | None,
+                 parity: ParityResult | None, diags: list[Diagnostic], timings: dict,
+                 command: str | None, attempts: Sequence = ()) -> dict:
+    """The report.json dictionary (DESIGN.md contract)."""
+    if result is None:
+        status = "export_failed"
+    elif checked is not None and checked.ok and parity is not None and parity.passed and not any(
+            d.severity == "error" for d in diags):
+        status = "ok"
+    else:
+        status = "validation_failed"
+    spec_io = [{"name": s.name, "dtype": s.dtype, "shape": list(s.shape)} for s in loaded.inputs]
+    rep: dict[str, Any] = {
+        "onnxport_version": __version__,
+        "status": status,
+        "summary": "",
+        "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "model": {"source": loaded.source, "name": loaded.name, "parameters": loaded.parameters,
+                  "kind": loaded.kind,
+                  "dims": {k: {"min": d.min, "max": d.max, "export": d.example} for k, d in loaded.dims.items()}},
+        "export": {
+            "exporter": result.exporter if result else None,
+            "opset": result.opset if result else None,
+            "seconds": round(result.seconds if result else timings.get("export", 0.0), 3),
+            "path": None,
+            "external_data": bool(result.external_data) if result else False,
+            "inputs": list(checked.inputs) if checked else spec_io,
+            "outputs": list(checked.outputs) if checked else [{"name": n, "dtype": "unknown", "shape": None}
+                                                              for n in loaded.output_names],
+            "attempts": [a.to_dict() for a in (result.attempts if result else attempts)],
+        },
+        "check": None,
+        "validation": None,
+        "variants": [],
+        "benchmark": None,
+        "diagnostics": [d.to_dict() for d in diags],
+        "timings": {k: round(v, 3) for k, v in timings.items()},
+        "environment": environment.summary(),
+    }
+    if checked is not None:
+        c = checked.to_dict()
+        if parity is not None:
+            c["dynamic_dims"] = [d.to_dict() for d in parity.dynamic_dims]
+        rep["check"] = c
+    if parity is not None:
+        rep["validation"] = {"passed": parity.passed, "tolerance": parity.tolerance.to_dict(),
+                             "cases": [c.to_dict() for c in parity.cases], "divergence": None}
+    rep["summary"] = summary_sentence(rep)
+    return rep
+
+
+def summary_sentence(rep: dict) -> str:
+    """The verdict in one sentence."""
+    status = rep["status"]
+    if status == "export_failed":
+        errs = [a["error"] for a in rep["export"]["attempts"] if a.get("error")]
+        return "Export failed: " + (errs[-1] if errs else "no exporter produced a model") + "."
+    val = rep.get("validation") or {}
+    cases = val.get("cases", [])
+    n_ok = sum(c["passed"] for c in cases)
+    if status == "ok":
+        worst = max((c["max_abs_err"] or 0.0 for c in cases), default=0.0)
+        syms = list(dict.fromkeys(d["symbol"] for d in rep["check"]["dynamic_dims"]))
+        dyn = f"; dynamic dims {', '.join(syms)} proven" if syms else ""
+        return (f"Proven: the ONNX model matches PyTorch on {n_ok}/{len(cases)} cases "
+                f"(max abs error {worst:.2e}){dyn}.")
+    first = next((d for d in rep["diagnostics"] if d["severity"] == "error"), None)
+    reason = first["message"] if first else "validation failed"
+    return f"Not proven ({n_ok}/{len(cases)} cases pass): {reason}"
+
+
+def check_file(path: str | Path) -> CheckResult:
+    """Structural checks and graph summary of an ONNX file (no PyTorch needed)."""
+    return check(path)

@@ -1,0 +1,251 @@
+"""The command line: parses options, shows progress, prints results. No logic lives here."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from .errors import EXIT_EXPORT_FAILED, EXIT_OK, EXIT_VALIDATION_FAILED, OnnxportError
+
+EXIT_INTERNAL = 70
+STATUS_EXIT = {"ok": EXIT_OK, "validation_failed": EXIT_VALIDATION_FAILED, "export_failed": EXIT_EXPORT_FAILED}
+
+app = typer.Typer(
+    name="onnxport", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    help="PyTorch to ONNX: export, prove against PyTorch on a matrix of shapes, explain every failure.",
+)
+err = Console(stderr=True, soft_wrap=True, highlight=False, markup=False)
+
+
+def _command_line() -> str:
+    return "onnxport " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def _guard(fn):
+    """Turn OnnxportError into a one-line message and its exit code; never show a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except OnnxportError as e:
+            hint = f" Hint: {e.hint}" if e.hint else ""
+            err.print(f"[bold red]error:[/] {escape(e.message)}.{escape(hint)}", markup=True)
+            raise typer.Exit(e.exit_code) from None
+        except typer.Exit:
+            raise
+        except KeyboardInterrupt:
+            err.print("interrupted")
+            raise typer.Exit(130) from None
+        except Exception as e:  # noqa: BLE001 - last line of defence: a bug, reported in one line
+            if os.environ.get("ONNXPORT_DEBUG"):
+                raise
+            first = " ".join(str(e).split())[:300]
+            err.print(f"[bold red]internal error:[/] {type(e).__name__}: {escape(first)}. "
+                      "Hint: rerun with ONNXPORT_DEBUG=1 for the traceback and report it.", markup=True)
+            raise typer.Exit(EXIT_INTERNAL) from None
+
+    return wrapper
+
+
+InputOpt = Annotated[list[str] | None, typer.Option("--input", "-i", help="NAME:DTYPE[d0,d1,...]{LO..HI}; repeatable")]
+DimOpt = Annotated[list[str] | None, typer.Option("--dim", "-d", help="SYMBOL=MIN..MAX; repeatable")]
+OutOpt = Annotated[Path, typer.Option("--out", "-o", help="output folder")]
+ArgsOpt = Annotated[str | None, typer.Option("--model-args", help="JSON object of constructor arguments")]
+WeightsOpt = Annotated[str | None, typer.Option("--weights", help="state_dict (.pt/.pth) or .safetensors")]
+TaskOpt = Annotated[str | None, typer.Option("--task", help="Hugging Face task, e.g. text-classification")]
+ExporterOpt = Annotated[str, typer.Option("--exporter", help="auto | dynamo | torchscript")]
+OpsetOpt = Annotated[int | None, typer.Option("--opset", help="ONNX opset (default: newest supported, >= 17)")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print the report as JSON on stdout")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="overwrite earlier results in --out")]
+AtolOpt = Annotated[float, typer.Option("--atol", help="absolute tolerance (fp32 default 1e-4)")]
+RtolOpt = Annotated[float, typer.Option("--rtol", help="relative tolerance (fp32 default 1e-3)")]
+TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="allow a Hugging Face model's own code")]
+
+
+def _check_device(device: str) -> None:
+    from .errors import EnvironmentProblem, UsageError
+
+    if device not in ("cpu", "cuda"):
+        raise UsageError(f"unknown --device '{device}'", "use cpu or cuda")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise EnvironmentProblem("--device cuda was asked for but no CUDA device is available",
+                                     "install a CUDA build of torch and onnxruntime-gpu on a machine with a GPU, "
+                                     "or use --device cpu")
+        raise EnvironmentProblem("--device cuda is not supported yet", "use --device cpu")
+
+
+def _run(which: str, source: str, out: Path, inputs, dims, model_args, weights, task, exporter, opset, device,
+         as_json, force, atol, rtol, trust_remote_code) -> None:
+    from . import api
+    from .parity import Tolerance
+
+    _check_device(device)
+    fn = api.convert if which == "convert" else api.export
+    with err.status(f"{which} {source}") as status:
+        rep = fn(source, out, inputs=inputs, dims=dims, model_args=model_args, weights=weights, task=task,
+                 exporter=exporter, opset=opset, tolerance=Tolerance(atol, rtol), force=force,
+                 trust_remote_code=trust_remote_code, command=_command_line(),
+                 progress=lambda msg: status.update(msg))
+    if as_json:
+        print(json.dumps(rep, indent=2, default=str))
+    print_report(rep, out)
+    raise typer.Exit(STATUS_EXIT[rep["status"]])
+
+
+@app.command()
+@_guard
+def convert(source: Annotated[str, typer.Argument(help="model source, e.g. model.py:Net or torchvision:resnet18")],
+            out: OutOpt = Path("onnxport-out"), input: InputOpt = None, dim: DimOpt = None,
+            model_args: ArgsOpt = None, weights: WeightsOpt = None, task: TaskOpt = None,
+            exporter: ExporterOpt = "auto", opset: OpsetOpt = None, device: DeviceOpt = "cpu",
+            json_out: JsonOpt = False, force: ForceOpt = False, atol: AtolOpt = 1e-4, rtol: RtolOpt = 1e-3,
+            trust_remote_code: TrustOpt = False) -> None:
+    """The whole pipeline: export, check, prove; writes OUT/."""
+    _run("convert", source, out, input, dim, model_args, weights, task, exporter, opset, device, json_out, force,
+         atol, rtol, trust_remote_code)
+
+
+@app.command()
+@_guard
+def export(source: Annotated[str, typer.Argument(help="model source, e.g. model.py:Net or torchvision:resnet18")],
+           out: OutOpt = Path("onnxport-out"), input: InputOpt = None, dim: DimOpt = None,
+           model_args: ArgsOpt = None, weights: WeightsOpt = None, task: TaskOpt = None,
+           exporter: ExporterOpt = "auto", opset: OpsetOpt = None, device: DeviceOpt = "cpu",
+           json_out: JsonOpt = False, force: ForceOpt = False, atol: AtolOpt = 1e-4, rtol: RtolOpt = 1e-3,
+           trust_remote_code: TrustOpt = False) -> None:
+    """Export + check + parity only; writes OUT/model.onnx and OUT/report.json."""
+    _run("export", source, out, input, dim, model_args, weights, task, exporter, opset, device, json_out, force,
+         atol, rtol, trust_remote_code)
+
+
+@app.command()
+@_guard
+def check(model: Annotated[Path, typer.Argument(help="an .onnx file")], json_out: JsonOpt = False) -> None:
+    """Structural checks and graph summary of an ONNX file (no PyTorch model needed)."""
+    from .api import check_file
+
+    res = check_file(model)
+    if json_out:
+        print(json.dumps(res.to_dict(), indent=2, default=str))
+    verdict = "[green]✔ valid[/]" if res.ok else f"[red]✘ invalid[/]: {escape(str(res.checker_error))}"
+    err.print(f"{verdict}  {escape(str(model))}", markup=True)
+    _print_summary(res.to_dict())
+    for d in res.diagnostics:
+        err.print(f"  [yellow]{d.severity}[/] {d.code}: {escape(d.message)}", markup=True)
+    raise typer.Exit(EXIT_OK if res.ok else EXIT_VALIDATION_FAILED)
+
+
+@app.command()
+@_guard
+def doctor(json_out: JsonOpt = False) -> None:
+    """Versions of torch/onnx/onnxruntime, providers, max opsets, CPU features."""
+    from .environment import doctor as gather
+
+    info = gather()
+    if json_out:
+        print(json.dumps(info, indent=2))
+        return
+    t = Table(title="onnxport doctor", show_header=False)
+    for name, ver in info["packages"].items():
+        t.add_row(name, ver or "not installed")
+    t.add_row("python", info["python"])
+    t.add_row("platform", info["platform"])
+    t.add_row("providers", ", ".join(info["providers"]))
+    t.add_row("cuda", "available" if info["cuda_available"] else "not available")
+    t.add_row("max opset", ", ".join(f"{k} {v}" for k, v in info["max_opset"].items()))
+    cpu = info["cpu"]
+    t.add_row("cpu", f"{cpu['model']} ({cpu['cores']} cores)")
+    t.add_row("cpu flags", " ".join(cpu["flags"]) or "-")
+    err.print(t)
+
+
+# --------------------------------------------------------------------------- printing
+
+
+def _shape(shape) -> str:
+    if shape is None:
+        return "?"
+    return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def _print_summary(c: dict) -> None:
+    err.print(f"  graph     IR {c['ir_version']} · opset {c['opset']} · {c['nodes']} nodes · "
+              f"{c['initializers']} initializers · {c['parameters']:,} parameters · {c['bytes'] / 1e6:.1f} MB")
+    top = ", ".join(f"{k}×{v}" for k, v in list(c["op_histogram"].items())[:8])
+    err.print(f"  ops       {top}")
+    for io in c["inputs"]:
+        err.print(f"  input     {io['name']} {io['dtype']}{_shape(io['shape'])}")
+    for io in c["outputs"]:
+        err.print(f"  output    {io['name']} {io['dtype']}{_shape(io['shape'])}")
+
+
+def print_report(rep: dict, out: Path) -> None:
+    """The terminal summary: verdict first, then the facts that support it."""
+    status = rep["status"]
+    style = {"ok": "bold green", "validation_failed": "bold red", "export_failed": "bold red"}[status]
+    mark = "✔" if status == "ok" else "✘"
+    err.print(f"[{style}]{mark} {status}[/]  {escape(rep['summary'])}", markup=True)
+    m = rep["model"]
+    err.print(f"  model     {m['name']} ({m['kind']}) · {m['parameters']:,} parameters")
+    exp = rep["export"]
+    tries = ", ".join(f"{a['exporter']} {'✔' if a['ok'] else '✘'} {a['seconds']:.1f}s" for a in exp["attempts"])
+    err.print(f"  export    {exp['exporter'] or '-'} · opset {exp['opset'] or '-'} · attempts: {tries}")
+    for a in exp["attempts"]:
+        if a["error"]:
+            err.print(f"            [dim]{a['exporter']}: {escape(a['error'])}[/]", markup=True)
+    if rep["check"]:
+        c = rep["check"]
+        err.print(f"  file      {out / exp['path'] if exp.get('path') else '-'}")
+        _print_summary(c)
+        by_symbol: dict[str, list[dict]] = {}
+        for d in c["dynamic_dims"]:
+            by_symbol.setdefault(d["symbol"], []).append(d)
+        for sym, ds in by_symbol.items():
+            proven = all(d["proven"] for d in ds)
+            ok = "[green]proven[/]" if proven else "[red]NOT proven[/]"
+            sizes = ",".join(map(str, ds[0].get("sizes_passed", [])))
+            where = escape(", ".join(f"{d['input']}[{d['axis']}]" for d in ds))
+            err.print(f"  dim       {escape(sym)} {ds[0]['min']}..{ds[0]['max']} ({where}) {ok} at sizes {sizes or '-'}",
+                      markup=True)
+    val = rep.get("validation")
+    if val:
+        t = Table(title=f"validation (atol {val['tolerance']['atol']}, rtol {val['tolerance']['rtol']})")
+        for col in ("case", "sizes", "max abs err", "max rel err", "pass"):
+            t.add_column(col)
+        for c in val["cases"]:
+            sizes = c.get("sizes") or {}
+            shapes = (" ".join(f"{k}={v}" for k, v in sizes.items()) if sizes
+                      else " ".join(f"{k}{_shape(v)}" for k, v in c["shapes"].items()))
+            mark = "[green]✔[/]" if c["passed"] else f"[red]✘[/] {escape(c.get('error') or '')}"
+            fa = "-" if c["max_abs_err"] is None else f"{c['max_abs_err']:.2e}"
+            fr = "-" if c["max_rel_err"] is None else f"{c['max_rel_err']:.2e}"
+            t.add_row(c.get("label", ""), shapes, fa, fr, Text.from_markup(mark))
+        err.print(t)
+    for d in rep["diagnostics"]:
+        color = {"error": "red", "warning": "yellow"}.get(d["severity"], "blue")
+        where = escape(f" [{d['module']}]") if d.get("module") else ""
+        err.print(f"[{color}]{d['severity']}[/] {d['code']}{where}: {escape(d['message'])}", markup=True)
+        if d.get("hint"):
+            err.print(f"    hint: {d['hint']}")
+    err.print(f"  report    {out / 'report.json'}")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,66 @@
+"""What this machine offers: package versions, providers, opsets, CPU features."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+from pathlib import Path
+
+PACKAGES = ("torch", "torchvision", "onnx", "onnxruntime", "onnxscript", "onnx-ir", "transformers", "timm",
+            "onnxslim", "numpy")
+_CPU_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile",
+              "amx_int8", "amx_bf16", "f16c")
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def cpu() -> dict:
+    model, flags = platform.processor() or platform.machine(), set()
+    info = Path("/proc/cpuinfo")
+    if info.exists():
+        for line in info.read_text(errors="replace").splitlines():
+            if line.startswith("model name") and ":" in line:
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and ":" in line:
+                flags = set(line.split(":", 1)[1].split())
+    return {"model": model, "cores": os.cpu_count(), "flags": [f for f in _CPU_FLAGS if f in flags]}
+
+
+def summary() -> dict:
+    """Versions, platform and CPU: recorded in every report."""
+    return {"python": platform.python_version(), "platform": platform.platform(), "packages": versions(),
+            "cpu": cpu()}
+
+
+def doctor() -> dict:
+    """Everything ``onnxport doctor`` prints."""
+    from .export import exporter_max_opset, onnxruntime_max_opset
+
+    data = summary()
+    try:
+        import onnxruntime as ort
+
+        data["providers"] = ort.get_available_providers()
+    except ImportError:
+        data["providers"] = []
+    try:
+        import torch
+
+        data["cuda_available"] = bool(torch.cuda.is_available())
+    except ImportError:
+        data["cuda_available"] = False
+    data["max_opset"] = {
+        "dynamo_exporter": exporter_max_opset("dynamo"),
+        "torchscript_exporter": exporter_max_opset("torchscript"),
+        "onnxruntime": onnxruntime_max_opset(),
+    }
+    return data

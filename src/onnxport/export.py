@@ -1,0 +1,317 @@
+"""Export strategies (dynamo, TorchScript), tried in order; every attempt is recorded."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import os
+import re
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+import torch
+
+from .diagnostics import Diagnostic, warning
+from .errors import ExportFailed, UsageError
+from .samples import export_sizes, make_inputs
+from .sources.base import LoadedModel
+
+EXPORTERS = ("dynamo", "torchscript")
+MIN_OPSET = 17
+EXTERNAL_DATA_THRESHOLD = 2 * 1024**3
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One try of one exporter."""
+
+    exporter: str
+    ok: bool
+    seconds: float
+    opset: int
+    error: str | None = None
+    detail: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"exporter": self.exporter, "ok": self.ok, "seconds": round(self.seconds, 3), "opset": self.opset,
+                "error": self.error}
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """The ONNX file written by the first exporter that succeeded, and all attempts."""
+
+    path: Path
+    exporter: str
+    opset: int
+    seconds: float
+    attempts: tuple[Attempt, ...]
+    external_data: bool
+    diagnostics: tuple[Diagnostic, ...] = ()
+
+
+# --------------------------------------------------------------------------- opsets
+
+
+@functools.lru_cache(maxsize=1)
+def onnxruntime_max_opset() -> int:
+    """The newest default-domain opset the installed onnxruntime accepts (probed once)."""
+    import onnxruntime as ort
+    from onnx import helper
+
+    for version in range(onnx.defs.onnx_opset_version(), MIN_OPSET - 1, -1):
+        graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
+                                  [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+                                  [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+        ir = min(onnx.IR_VERSION, 10)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", version)], ir_version=ir)
+        try:
+            ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+            return version
+        except Exception:  # noqa: BLE001 - a refusal means this opset is too new
+            continue
+    return MIN_OPSET
+
+
+def exporter_max_opset(exporter: str) -> int:
+    """The newest opset an exporter of the installed torch can write."""
+    from torch.onnx import _constants
+
+    if exporter == "torchscript":
+        return int(getattr(_constants, "ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET", 17))
+    return int(getattr(_constants, "ONNX_MAX_OPSET", 18))
+
+
+def default_opset(exporter: str) -> int:
+    """The newest opset both ``exporter`` and onnxruntime support, at least 17."""
+    return max(MIN_OPSET, min(exporter_max_opset(exporter), onnxruntime_max_opset()))
+
+
+# --------------------------------------------------------------------------- strategies
+
+
+def _dim_objects(loaded: LoadedModel) -> tuple:
+    dims = {}
+    for sym, d in loaded.dims.items():
+        if d.min != d.max:
+            dims[sym] = torch.export.Dim(sym, min=d.min, max=d.max)
+    shapes = []
+    for spec in loaded.inputs:
+        axes = {i: dims[d] for i, d in enumerate(spec.shape) if isinstance(d, str) and d in dims}
+        shapes.append(axes or None)
+    return tuple(shapes)
+
+
+def _export_dynamo(loaded: LoadedModel, path: Path, opset: int, external: bool) -> None:
+    example = make_inputs(loaded.inputs, export_sizes(loaded.dims), seed=0)
+    program = torch.onnx.export(
+        loaded.flat, example, dynamo=True, dynamic_shapes=_dim_objects(loaded),
+        input_names=[s.name for s in loaded.inputs], output_names=list(loaded.output_names),
+        opset_version=opset, optimize=True, verbose=False,
+    )
+    program.save(str(path), external_data=external)
+
+
+def _export_torchscript(loaded: LoadedModel, path: Path, opset: int, external: bool) -> None:
+    example = make_inputs(loaded.inputs, export_sizes(loaded.dims), seed=0)
+    dynamic_axes: dict[str, dict[int, str]] = {}
+    for spec in loaded.inputs:
+        axes = {i: d for i, d in enumerate(spec.shape) if isinstance(d, str)}
+        if axes:
+            dynamic_axes[spec.name] = axes
+    dynamic_axes.update(_output_axes(loaded))
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".ts-export-") as tmp:
+        raw = Path(tmp) / "raw.onnx"
+        torch.onnx.export(
+            loaded.flat, example, str(raw), dynamo=False, input_names=[s.name for s in loaded.inputs],
+            output_names=list(loaded.output_names), dynamic_axes=dynamic_axes or None, opset_version=opset,
+            do_constant_folding=True,
+        )
+        save_model(onnx.load(str(raw)), path, external)
+
+
+def _output_axes(loaded: LoadedModel) -> dict[str, dict[int, str]]:
+    """Which output axes follow which dynamic dim, found by running the model at two sizes."""
+    a = export_sizes(loaded.dims)
+    b = {}
+    for i, (sym, d) in enumerate(loaded.dims.items()):
+        step = i + 1
+        b[sym] = a[sym] + step if a[sym] + step <= d.max else max(d.min, a[sym] - step)
+    if not loaded.dims:
+        return {}
+    with torch.inference_mode():
+        out_a = loaded.flat(*make_inputs(loaded.inputs, a))
+        out_b = loaded.flat(*make_inputs(loaded.inputs, b))
+    axes: dict[str, dict[int, str]] = {}
+    for name, ta, tb in zip(loaded.output_names, out_a, out_b):
+        for axis, (sa, sb) in enumerate(zip(ta.shape, tb.shape)):
+            matches = [s for s in loaded.dims if a[s] == sa and b[s] == sb]
+            if len(matches) == 1:
+                axes.setdefault(name, {})[axis] = matches[0]
+            elif sa != sb:
+                axes.setdefault(name, {})[axis] = f"{name}_dim{axis}"
+    return axes
+
+
+STRATEGIES = {"dynamo": _export_dynamo, "torchscript": _export_torchscript}
+
+
+# --------------------------------------------------------------------------- files
+
+
+def save_model(model: onnx.ModelProto, path: Path, external: bool) -> None:
+    """Save ``model``; with ``external`` the weights go to ``<name>.data`` beside it."""
+    path = Path(path)
+    if external:
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=path.name + ".data", size_threshold=1024)
+    else:
+        onnx.save_model(model, str(path))
+
+
+def external_data_files(path: Path) -> list[Path]:
+    """The external data files an ONNX file refers to (none for a self-contained file)."""
+    model = onnx.load(str(path), load_external_data=False)
+    locations = set()
+    for t in onnx.external_data_helper._get_all_tensors(model):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            for entry in t.external_data:
+                if entry.key == "location":
+                    locations.add(entry.value)
+    return [path.parent / loc for loc in sorted(locations)]
+
+
+def move_model(src: Path, dst: Path) -> None:
+    """Move an ONNX file (and its external data, renamed to ``<dst>.data``) into place atomically."""
+    src, dst = Path(src), Path(dst)
+    data = external_data_files(src)
+    if not data:
+        os.replace(src, dst)
+        return
+    model = onnx.load(str(src), load_external_data=False)
+    new_loc = dst.name + ".data"
+    for t in onnx.external_data_helper._get_all_tensors(model):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            for entry in t.external_data:
+                if entry.key == "location":
+                    entry.value = new_loc
+    if len(data) != 1:
+        raise ExportFailed(f"{src} spreads its weights over {len(data)} files", "re-export with onnxport")
+    os.replace(data[0], dst.parent / new_loc)
+    tmp = dst.with_name(dst.name + ".tmp")
+    onnx.save_model(model, str(tmp))
+    os.replace(tmp, dst)
+    src.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+@contextlib.contextmanager
+def quiet_stdout():
+    """Keep exporter chatter (Python prints and C++ logs on fd 1) off stdout, which --json owns."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 1)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                yield
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _first_line(exc: BaseException) -> str:
+    """The most telling line of an exporter error (the root cause in torch.onnx's exception summary)."""
+    text = _ANSI.sub("", str(exc))
+    if "## Exception summary" in text:
+        for line in text.split("## Exception summary", 1)[1].splitlines():
+            line = line.strip()
+            if line.startswith("<class"):
+                cls, _, msg = line.partition(">: ")
+                return f"{cls.rsplit('.', 1)[-1].rstrip(chr(39))}: {msg[:300]}"
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("Traceback", "[torch.onnx]")):
+            return f"{type(exc).__name__}: {line[:300]}"
+    return type(exc).__name__
+
+
+def export(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", opset: int | None = None,
+           external_data_threshold: int | None = None) -> ExportResult:
+    """Export ``loaded`` to ``path``, trying the dynamo exporter then the TorchScript exporter (``auto``)."""
+    path = Path(path)
+    if exporter not in ("auto", *EXPORTERS):
+        raise UsageError(f"unknown exporter '{exporter}'", "use auto, dynamo or torchscript")
+    order = list(EXPORTERS) if exporter == "auto" else [exporter]
+    if opset is not None:
+        newest = max(exporter_max_opset(e) for e in order)
+        newest = min(newest, onnxruntime_max_opset())
+        if opset < 7 or opset > newest:
+            raise UsageError(f"opset {opset} is not supported here (newest usable: {newest})",
+                             f"pick an opset between {MIN_OPSET} and {newest}, or leave --opset out")
+    threshold = external_data_threshold
+    if threshold is None:
+        threshold = int(os.environ.get("ONNXPORT_EXTERNAL_DATA_THRESHOLD", EXTERNAL_DATA_THRESHOLD))
+    size = sum(t.numel() * t.element_size() for t in loaded.flat.state_dict().values())
+    external = size > threshold
+    attempts: list[Attempt] = []
+    diags: list[Diagnostic] = []
+    t_all = time.perf_counter()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for name in order:
+        use_opset = min(opset, exporter_max_opset(name)) if opset else default_opset(name)
+        for stale in (path, path.with_name(path.name + ".data")):
+            stale.unlink(missing_ok=True)
+        t0 = time.perf_counter()
+        try:
+            with warnings.catch_warnings(record=True) as caught, quiet_stdout():
+                warnings.simplefilter("always")
+                STRATEGIES[name](loaded, path, use_opset, external)
+            diags.extend(_tracer_warnings(caught))
+            written = onnx.load(str(path), load_external_data=False)
+            actual = next((o.version for o in written.opset_import if o.domain in ("", "ai.onnx")), use_opset)
+            attempts.append(Attempt(name, True, time.perf_counter() - t0, actual))
+            return ExportResult(path, name, actual, time.perf_counter() - t_all, tuple(attempts), external,
+                                tuple(diags))
+        except Exception as e:  # noqa: BLE001 - every failure is recorded and the next exporter tried
+            detail = "".join(traceback.format_exception_only(type(e), e))[-4000:]
+            attempts.append(Attempt(name, False, time.perf_counter() - t0, use_opset, _first_line(e), detail))
+    summary = "; ".join(f"{a.exporter}: {a.error}" for a in attempts)
+    err = ExportFailed(f"no exporter could export the model ({summary})",
+                       "see the attempts in report.json; try --exporter torchscript or dynamo, or another --opset",
+                       code="export-failed")
+    err.attempts = tuple(attempts)  # type: ignore[attr-defined]
+    err.diagnostics = tuple(diags)  # type: ignore[attr-defined]
+    raise err
+
+
+def _tracer_warnings(caught: list[warnings.WarningMessage]) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    seen: set[tuple[str, int]] = set()
+    for w in caught:
+        if not issubclass(w.category, torch.jit.TracerWarning):
+            continue
+        key = (w.filename, w.lineno)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(warning(
+            "tracer-warning",
+            f"{Path(w.filename).name}:{w.lineno}: {str(w.message).splitlines()[0][:240]}",
+            module=f"{w.filename}:{w.lineno}",
+            hint="the traced graph may have frozen a value or branch here; parity on several shapes checks it",
+        ))
+    return out

@@ -1,0 +1,206 @@
+"""Numerical parity of an ONNX file with PyTorch on the test-case matrix; the tolerance policy."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .check import DimCheck
+from .diagnostics import Diagnostic, error
+from .runtime import session
+from .samples import Case, make_inputs, shapes_for, validation_cases
+from .sources.base import LoadedModel
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Elementwise pass rule: |onnx - torch| <= atol + rtol * |torch|."""
+
+    atol: float = 1e-4
+    rtol: float = 1e-3
+
+    def to_dict(self) -> dict:
+        return {"atol": self.atol, "rtol": self.rtol}
+
+
+FP32 = Tolerance(1e-4, 1e-3)
+FP16 = Tolerance(1e-2, 1e-2)
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """One case of the matrix."""
+
+    label: str
+    shapes: dict[str, list[int]]
+    values: str
+    max_abs_err: float
+    max_rel_err: float
+    passed: bool
+    error: str | None = None
+    outputs: dict[str, dict] = field(default_factory=dict)
+    seconds: float = 0.0
+    sizes: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "sizes": self.sizes, "shapes": self.shapes, "values": self.values,
+                "max_abs_err": _finite(self.max_abs_err), "max_rel_err": _finite(self.max_rel_err),
+                "passed": self.passed, "error": self.error, "outputs": self.outputs,
+                "seconds": round(self.seconds, 3)}
+
+
+@dataclass(frozen=True)
+class ParityResult:
+    """All cases, and whether the model is proven."""
+
+    passed: bool
+    tolerance: Tolerance
+    cases: tuple[CaseResult, ...]
+    dynamic_dims: tuple[DimCheck, ...] = ()
+    diagnostics: tuple[Diagnostic, ...] = ()
+
+    @property
+    def max_abs_err(self) -> float:
+        return max((c.max_abs_err for c in self.cases), default=0.0)
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if np.isfinite(x) else None
+
+
+def compare_arrays(ref: np.ndarray, got: np.ndarray, tol: Tolerance) -> tuple[float, float, bool]:
+    """(max abs error, max relative error, passed) of ``got`` against the reference ``ref``."""
+    if ref.shape != got.shape:
+        return float("inf"), float("inf"), False
+    if ref.dtype == np.bool_ or np.issubdtype(ref.dtype, np.integer):
+        diff = np.abs(ref.astype(np.float64) - got.astype(np.float64))
+        worst = float(diff.max()) if diff.size else 0.0
+        return worst, worst, worst == 0.0
+    r = ref.astype(np.float64)
+    g = got.astype(np.float64)
+    both_nan = np.isnan(r) & np.isnan(g)
+    same_inf = np.isinf(r) & (r == g)
+    diff = np.abs(r - g)
+    diff[both_nan | same_inf] = 0.0
+    diff[np.isnan(diff)] = np.inf
+    if not diff.size:
+        return 0.0, 0.0, True
+    bound = tol.atol + tol.rtol * np.abs(np.nan_to_num(r, posinf=0.0, neginf=0.0))
+    rel = diff / np.maximum(np.abs(np.nan_to_num(r, posinf=0.0, neginf=0.0)), tol.atol)
+    return float(diff.max()), float(rel.max()), bool((diff <= bound).all())
+
+
+def run_torch(loaded: LoadedModel, inputs: tuple[torch.Tensor, ...]) -> list[np.ndarray]:
+    with torch.inference_mode():
+        outs = loaded.flat(*inputs)
+    return [o.detach().cpu().float().numpy() if o.dtype == torch.bfloat16 else o.detach().cpu().numpy()
+            for o in outs]
+
+
+def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | None = None,
+            tolerance: Tolerance = FP32, dim_checks: tuple[DimCheck, ...] = (), sess=None) -> ParityResult:
+    """Run PyTorch and ONNX Runtime on every case and compare all outputs with ``tolerance``."""
+    cases = cases if cases is not None else validation_cases(loaded.dims)
+    sess = sess or session(onnx_path)
+    onnx_inputs = [i.name for i in sess.get_inputs()]
+    onnx_outputs = [o.name for o in sess.get_outputs()]
+    by_name = all(n in onnx_outputs for n in loaded.output_names)
+    diags: list[Diagnostic] = []
+    results: list[CaseResult] = []
+    for case in cases:
+        t0 = time.perf_counter()
+        inputs = make_inputs(loaded.inputs, case.sizes, case.values, case.seed)
+        shapes = shapes_for(loaded.inputs, case.sizes)
+        try:
+            ref = run_torch(loaded, inputs)
+        except Exception as e:  # noqa: BLE001
+            results.append(CaseResult(case.label, shapes, case.values, float("inf"), float("inf"), False,
+                                      f"PyTorch itself fails: {type(e).__name__}: {str(e).splitlines()[0][:200]}",
+                                      seconds=time.perf_counter() - t0))
+            continue
+        feeds = {s.name: t.numpy() for s, t in zip(loaded.inputs, inputs) if s.name in onnx_inputs}
+        try:
+            got = sess.run(None, feeds)
+        except Exception as e:  # noqa: BLE001
+            msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+            results.append(CaseResult(case.label, shapes, case.values, float("inf"), float("inf"), False,
+                                      f"onnxruntime fails: {msg}", seconds=time.perf_counter() - t0))
+            continue
+        if by_name:
+            got_by = dict(zip(onnx_outputs, got))
+            pairs = [(n, r, got_by[n]) for n, r in zip(loaded.output_names, ref)]
+        elif len(got) == len(ref):
+            pairs = [(n, r, g) for n, r, g in zip(loaded.output_names, ref, got)]
+        else:
+            results.append(CaseResult(case.label, shapes, case.values, float("inf"), float("inf"), False,
+                                      f"PyTorch returns {len(ref)} outputs, the ONNX model {len(got)}",
+                                      seconds=time.perf_counter() - t0))
+            continue
+        per_out: dict[str, dict] = {}
+        worst_abs = worst_rel = 0.0
+        ok = True
+        problems = []
+        for name, r, g in pairs:
+            a, rel, passed = compare_arrays(r, np.asarray(g), tolerance)
+            per_out[name] = {"shape": list(r.shape), "onnx_shape": list(np.shape(g)),
+                             "max_abs_err": _finite(a), "max_rel_err": _finite(rel), "passed": passed}
+            worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, rel)
+            ok &= passed
+            if r.shape != np.shape(g):
+                problems.append(f"{name}: shape {list(np.shape(g))} instead of {list(r.shape)}")
+            elif not passed:
+                problems.append(f"{name}: max abs error {a:.3g}")
+        results.append(CaseResult(case.label, shapes, case.values, worst_abs, worst_rel, ok,
+                                  "; ".join(problems) or None, per_out, time.perf_counter() - t0))
+    results = [replace(r, sizes=dict(c.sizes)) for c, r in zip(cases, results)]
+    checks = _prove_dims(loaded, dim_checks, cases, results)
+    passed = bool(results) and all(r.passed for r in results) and all(d.proven for d in checks)
+    failed = [r for r in results if not r.passed]
+    if failed:
+        worst = failed[0]
+        diags.append(error(
+            "parity-failed",
+            f"{len(failed)} of {len(results)} validation cases fail; first: '{worst.label}' at "
+            f"{_fmt_shapes(worst.shapes)}: {worst.error or 'outputs differ'}",
+            hint=_parity_hint(failed, results),
+        ))
+    for d in checks:
+        if d.symbolic and not d.proven:
+            diags.append(error(
+                "dynamic-dim-unproven",
+                f"input '{d.input}' axis {d.axis} ('{d.symbol}') is symbolic but the model matches PyTorch at "
+                f"{len(d.sizes_passed)} size(s) only ({', '.join(map(str, d.sizes_passed)) or 'none'})",
+                hint="the export probably baked this size into a Reshape or Expand; see the failing cases",
+            ))
+    return ParityResult(passed, tolerance, tuple(results), checks, tuple(diags))
+
+
+def _prove_dims(loaded: LoadedModel, dim_checks: tuple[DimCheck, ...], cases: list[Case],
+                results: list[CaseResult]) -> tuple[DimCheck, ...]:
+    proven = []
+    for d in dim_checks:
+        sizes = sorted({c.sizes[d.symbol] for c, r in zip(cases, results) if r.passed and d.symbol in c.sizes})
+        proven.append(replace(d, sizes_passed=tuple(sizes), proven=d.symbolic and len(sizes) >= 2))
+    return tuple(proven)
+
+
+def _fmt_shapes(shapes: dict[str, list[int]]) -> str:
+    return ", ".join(f"{k}{v}" for k, v in shapes.items())
+
+
+def _parity_hint(failed: list[CaseResult], results: list[CaseResult]) -> str:
+    if any(r.error and r.error.startswith("onnxruntime fails") for r in failed):
+        if any(r.passed for r in results):
+            return ("the graph runs at some shapes only: a size was baked in during export (often a Reshape "
+                    "from tracing); try --exporter dynamo, or make the model's reshapes use -1 / x.shape")
+        return "onnxruntime cannot run the graph; run 'onnxport check' on it"
+    if any(r.error and r.error.startswith("PyTorch itself") for r in failed):
+        return "the declared --dim ranges include sizes the PyTorch model cannot take; narrow them"
+    if any(r.passed for r in results):
+        return ("outputs differ at some inputs only: a branch or value may have been frozen during export; "
+                "compare the failing cases' shapes and values with the passing ones")
+    return "outputs differ everywhere: check model.eval(), random ops, or an operator exported wrongly"

@@ -1,0 +1,28 @@
+"""ONNX Runtime session factory: providers and session options in one place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import UsageError
+
+OPT_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
+              "all": "ORT_ENABLE_ALL"}
+
+
+def session(path: str | Path, *, providers: list | None = None, threads: int | None = None,
+            opt_level: str = "all", log_severity: int = 3):
+    """An InferenceSession on ``path`` (CPU provider and ORT_ENABLE_ALL unless told otherwise)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPT_LEVELS[opt_level])
+    opts.log_severity_level = log_severity
+    if threads:
+        opts.intra_op_num_threads = threads
+    try:
+        return ort.InferenceSession(str(path), opts, providers=providers or ["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - onnxruntime raises several unrelated types
+        raise UsageError(f"onnxruntime cannot load {Path(path).name}: {str(e).strip().splitlines()[0][:300]}",
+                         "run 'onnxport check' on the file; the model may use an operator or opset this "
+                         "onnxruntime lacks") from None

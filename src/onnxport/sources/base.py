@@ -1,0 +1,255 @@
+"""What every source produces: a LoadedModel wrapping the user's module behind flat tensor I/O."""
+
+from __future__ import annotations
+
+import inspect
+import keyword
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..diagnostics import Diagnostic, info, warning
+from ..errors import SourceError, UsageError
+from ..spec import Dim, InputSpec
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to export: the user's module (eval mode) and its flat-I/O wrapper."""
+
+    source: str
+    name: str
+    kind: str
+    model: nn.Module
+    flat: nn.Module  # FlatModel: forward(*inputs in spec order) -> tuple of tensors
+    inputs: tuple[InputSpec, ...]
+    dims: dict[str, Dim]
+    output_names: tuple[str, ...]
+    parameters: int
+    diagnostics: tuple[Diagnostic, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- binding
+
+
+def forward_parameters(model: nn.Module) -> list[inspect.Parameter] | None:
+    """The parameters of ``model.forward`` (None when they cannot be read, e.g. TorchScript)."""
+    if isinstance(model, torch.jit.ScriptModule):
+        return None
+    try:
+        return list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+
+
+def bind_inputs(model: nn.Module, specs: tuple[InputSpec, ...]) -> list[tuple[str, str]]:
+    """Decide how each input reaches ``forward``: ("kw", param) or ("pos", "").
+
+    An input whose name equals a parameter binds to it by keyword; the others fill the remaining
+    positional parameters in order (passed by keyword where the parameter allows it, which avoids
+    "got multiple values" clashes with keyword-bound inputs).
+    """
+    params = forward_parameters(model)
+    if params is None:
+        return [("pos", "")] * len(specs)
+    by_name = {p.name: p for p in params}
+    has_var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
+    binding: list[tuple[str, str] | None] = [None] * len(specs)
+    taken: set[str] = set()
+    for i, s in enumerate(specs):
+        p = by_name.get(s.name)
+        if p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            binding[i] = ("kw", p.name)
+            taken.add(p.name)
+    free = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in taken]
+    var_pos = any(p.kind is p.VAR_POSITIONAL for p in params)
+    for i, s in enumerate(specs):
+        if binding[i] is not None:
+            continue
+        if free:
+            p = free.pop(0)
+            taken.add(p.name)
+            binding[i] = ("kw", p.name) if p.kind is p.POSITIONAL_OR_KEYWORD else ("pos", "")
+        elif var_pos:
+            binding[i] = ("pos", "")
+        elif has_var_kw:
+            binding[i] = ("kw", s.name)
+        else:
+            names = ", ".join(p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
+            raise UsageError(
+                f"input '{s.name}' does not fit forward({names})",
+                "give one --input per forward() parameter; a NAME equal to a parameter binds to it",
+            )
+    missing = [
+        p.name for p in params
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and p.name not in taken
+    ]
+    if missing:
+        raise UsageError(
+            f"forward() needs {', '.join(missing)}, which no --input provides",
+            "add an --input for each required forward() parameter, e.g. -i '" + missing[0] + ":float32[batch,16]'",
+        )
+    return [b for b in binding if b is not None]
+
+
+def _identifier(name: str, i: int) -> str:
+    ok = name.isidentifier() and not keyword.iskeyword(name) and name not in ("self", "model")
+    return name if ok else f"arg{i}"
+
+
+class _FlatBase(nn.Module):
+    """Calls the user's model with bound inputs and returns its tensors as a flat tuple."""
+
+    def __init__(self, model: nn.Module, binding: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self.model = model
+        self._binding = binding
+
+    def raw(self, *tensors: torch.Tensor) -> Any:
+        """The model's own (possibly nested) output for inputs in spec order."""
+        args, kwargs = [], {}
+        for (how, pname), t in zip(self._binding, tensors):
+            if how == "kw":
+                kwargs[pname] = t
+            else:
+                args.append(t)
+        return self.model(*args, **kwargs)
+
+    def call(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        leaves = torch.utils._pytree.tree_leaves(self.raw(*tensors))
+        return tuple(x for x in leaves if isinstance(x, torch.Tensor))
+
+
+def make_flat(model: nn.Module, specs: tuple[InputSpec, ...]) -> nn.Module:
+    """Wrap ``model`` so that forward takes the inputs in spec order, named like the specs."""
+    binding = bind_inputs(model, specs)
+    params = [_identifier(s.name, i) for i, s in enumerate(specs)]
+    if len(set(params)) != len(params):
+        raise UsageError("two --input entries share a name", "give every input a distinct NAME")
+    src = f"def forward(self, {', '.join(params)}):\n    return self.call({', '.join(params)})\n"
+    namespace: dict[str, Any] = {}
+    exec(src, namespace)  # a real signature lets torch.export name the ONNX inputs after the specs
+    cls = type("FlatModel", (_FlatBase,), {"forward": namespace["forward"]})
+    return cls(model, binding)
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def output_names(flat: nn.Module, example: tuple[torch.Tensor, ...]) -> tuple[str, ...]:
+    """Stable names for the flattened outputs: dict keys / attribute names / indices joined by '_'."""
+    with torch.inference_mode():
+        out = flat.raw(*example)
+    if isinstance(out, torch.Tensor):
+        return ("output",)
+    pairs, _ = torch.utils._pytree.tree_flatten_with_path(out)
+    names: list[str] = []
+    for path, leaf in pairs:
+        if not isinstance(leaf, torch.Tensor):
+            continue
+        parts = []
+        for k in path:
+            for attr in ("key", "idx", "name"):
+                if hasattr(k, attr):
+                    parts.append(str(getattr(k, attr)))
+                    break
+        if not parts or parts[0].isdigit():
+            parts.insert(0, "output")
+        name = "_".join(parts)
+        while name in names:
+            name += "_"
+        names.append(name)
+    if not names:
+        raise SourceError("the model returned no tensors", "forward() must return a tensor or a structure of tensors")
+    return tuple(names)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def count_parameters(model: nn.Module) -> int:
+    seen: set[int] = set()
+    total = 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) not in seen and t.is_floating_point():
+            seen.add(id(t))
+            total += t.numel()
+    return total
+
+
+def to_eval(model: nn.Module, name: str, built_here: bool = False) -> tuple[Diagnostic, ...]:
+    """Put ``model`` in eval mode; warn when it was training with Dropout/BatchNorm inside.
+
+    A model that onnxport itself constructed (a class, a torchvision/timm name) starts in train mode as every
+    new nn.Module does, so that case is only noted (severity info); a model handed over in train mode is a
+    warning, since the user's own inference code would likely forget ``model.eval()`` too.
+    """
+    diags: list[Diagnostic] = []
+    if model.training:
+        affected = [
+            (n or name, type(m).__name__)
+            for n, m in model.named_modules()
+            if isinstance(m, (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+                              nn.modules.batchnorm._BatchNorm))
+        ]
+        if affected:
+            listed = ", ".join(f"{n} ({t})" for n, t in affected[:4]) + (" ..." if len(affected) > 4 else "")
+            diags.append((info if built_here else warning)(
+                "train-mode",
+                f"the model was in train mode with {len(affected)} Dropout/BatchNorm module(s): {listed}; "
+                "onnxport switched it to eval mode for export",
+                module=affected[0][0],
+                hint="call model.eval() before exporting yourself; in train mode Dropout is random and BatchNorm "
+                     "uses batch statistics, so an export would not match inference",
+            ))
+    model.eval()
+    return tuple(diags)
+
+
+def load_weights(model: nn.Module, path: str | Path) -> None:
+    """Load a state_dict (.pt/.pth via torch.load(weights_only=True), or .safetensors) into ``model``."""
+    p = Path(path)
+    if not p.is_file():
+        raise SourceError(f"weights file not found: {p}", "check the --weights path")
+    try:
+        if p.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(p))
+        else:
+            state = torch.load(str(p), map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
+        raise SourceError(
+            f"cannot read weights from {p}: {str(e).splitlines()[0][:200]}",
+            "--weights takes a state_dict saved with torch.save(model.state_dict(), ...) or a .safetensors file",
+        ) from None
+    if isinstance(state, dict):
+        for key in ("state_dict", "model_state_dict", "model"):
+            if key in state and isinstance(state[key], dict):
+                state = state[key]
+                break
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise SourceError(f"{p} does not hold a state_dict of tensors",
+                          "save it with torch.save(model.state_dict(), path)")
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        first = " ".join(str(e).split())[:300]
+        raise SourceError(f"the weights in {p.name} do not fit the model: {first}",
+                          "check --model-args: they must build the architecture the weights were saved from") from None
+
+
+def integer_range(model: nn.Module, spec: InputSpec) -> tuple[int, int]:
+    """A safe value range for an integer input: masks 0..1, ids below the first Embedding's size."""
+    low = spec.name.lower()
+    if spec.dtype == "bool" or "mask" in low:
+        return (0, 1)
+    for m in model.modules():
+        if isinstance(m, nn.Embedding):
+            return (0, m.num_embeddings - 1)
+    return (0, 9)

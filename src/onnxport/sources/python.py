@@ -1,0 +1,102 @@
+"""``path/file.py:Name`` and ``package.module:factory`` sources."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from ..errors import SourceError, UsageError
+from ..spec import Dim, InputSpec
+from . import ensure_module, finish
+from .base import LoadedModel, load_weights
+
+
+def load_python(source: str, inputs: list[InputSpec], dims: list[Dim], model_args: dict[str, Any],
+                weights: str | None) -> LoadedModel:
+    left, attr = source.rsplit(":", 1)
+    module = _import_file(left) if left.endswith(".py") else _import_module(left)
+    if not hasattr(module, attr):
+        found = sorted(n for n, v in vars(module).items()
+                       if inspect.isclass(v) and issubclass(v, nn.Module) and v.__module__ == module.__name__)
+        raise SourceError(
+            f"'{attr}' is not defined in {left}",
+            f"nn.Module classes there: {', '.join(found)}" if found else "check the name after the ':'",
+        )
+    target = getattr(module, attr)
+    if isinstance(target, nn.Module):
+        model = target
+        if model_args:
+            raise UsageError(f"{attr} is a model instance; --model-args cannot apply", "drop --model-args")
+    elif callable(target):
+        try:
+            model = target(**model_args)
+        except TypeError as e:
+            raise UsageError(
+                f"{attr}(**model_args) failed: {e}",
+                f"--model-args must match the signature {attr}{_signature(target)}",
+            ) from None
+        except Exception as e:  # noqa: BLE001 - user constructor errors are reported, not raised
+            raise SourceError(f"{attr}(**model_args) raised {type(e).__name__}: {str(e)[:300]}",
+                              f"check --model-args against {attr}{_signature(target)}") from None
+    else:
+        raise SourceError(f"'{attr}' in {left} is a {type(target).__name__}, not a model class or factory",
+                          "name an nn.Module subclass or a function returning one")
+    model = ensure_module(model, f"{left}:{attr}")
+    if weights:
+        load_weights(model, weights)
+    return finish(source, attr, "python", model, inputs, dims, built_here=inspect.isclass(target))
+
+
+def _signature(fn: Any) -> str:
+    try:
+        return str(inspect.signature(fn))
+    except (TypeError, ValueError):
+        return "(...)"
+
+
+def _import_file(path_text: str):
+    path = Path(path_text)
+    if not path.is_file():
+        raise SourceError(f"model file not found: {path}", "check the path before the ':'")
+    name = f"onnxport_user_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise SourceError(f"cannot import {path}", "the model file must be a Python source file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    parent = str(path.resolve().parent)
+    sys.path.insert(0, parent)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as e:
+        sys.modules.pop(name, None)
+        raise SourceError(f"syntax error in {path}, line {e.lineno}: {e.msg}", "fix the model file") from None
+    except ImportError as e:
+        sys.modules.pop(name, None)
+        raise SourceError(f"{path} fails to import: {e}", "install the missing package or fix the import") from None
+    except Exception as e:  # noqa: BLE001
+        sys.modules.pop(name, None)
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        raise SourceError(f"{path} raised {type(e).__name__} at line {where.lineno} while importing: {str(e)[:200]}",
+                          "the model file must import without errors") from None
+    finally:
+        if sys.path and sys.path[0] == parent:
+            sys.path.pop(0)
+    return module
+
+
+def _import_module(name: str):
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        raise SourceError(f"cannot import module '{name}': {e}",
+                          "install the package or use path/file.py:Name") from None
+    except SyntaxError as e:
+        raise SourceError(f"syntax error in {e.filename}, line {e.lineno}: {e.msg}", "fix the module") from None

@@ -1,0 +1,78 @@
+"""Serialized models: TorchScript ``model.pt`` and ExportedProgram ``model.pt2``."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import torch
+
+from ..errors import SourceError
+from ..spec import Dim, InputSpec, normalize_dtype
+from . import declared_or, finish
+from .base import LoadedModel
+
+_UNBOUNDED = 4096
+
+
+def load_torchscript(source: str, inputs: list[InputSpec], dims: list[Dim]) -> LoadedModel:
+    path = Path(source)
+    if not path.is_file():
+        raise SourceError(f"model file not found: {path}", "check the path")
+    try:
+        model = torch.jit.load(str(path), map_location="cpu")
+    except Exception as e:  # noqa: BLE001
+        msg = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        hint = ("a state_dict is not a model: use 'file.py:Class --weights " + str(path) + "'"
+                if zipfile.is_zipfile(path) and not _is_torchscript_zip(path) else
+                "save TorchScript with torch.jit.save(torch.jit.script(model), path)")
+        raise SourceError(f"{path} is not a TorchScript model ({msg})", hint) from None
+    return finish(source, path.stem, "torchscript", model, inputs, dims)
+
+
+def _is_torchscript_zip(path: Path) -> bool:
+    with zipfile.ZipFile(path) as z:
+        return any(n.endswith("constants.pkl") or "/code/" in n for n in z.namelist())
+
+
+def load_exported_program(source: str, inputs: list[InputSpec], dims: list[Dim]) -> LoadedModel:
+    path = Path(source)
+    if not path.is_file():
+        raise SourceError(f"model file not found: {path}", "check the path")
+    try:
+        ep = torch.export.load(str(path))
+    except Exception as e:  # noqa: BLE001
+        raise SourceError(f"{path} is not an ExportedProgram: {str(e).splitlines()[0][:200]}",
+                          "save it with torch.export.save(torch.export.export(model, args), path)") from None
+    specs, defaults = _ep_inputs(ep)
+    model = ep.module()
+    return finish(source, path.stem, "exported_program", model, declared_or(inputs, specs), dims, defaults,
+                  extra={"exported_program": ep})
+
+
+def _ep_inputs(ep) -> tuple[list[InputSpec], dict[str, Dim]]:
+    """Input specs and dim ranges from the ExportedProgram's user inputs and range constraints."""
+    user = set(ep.graph_signature.user_inputs)
+    specs: list[InputSpec] = []
+    defaults: dict[str, Dim] = {}
+    for node in ep.graph.nodes:
+        if node.op != "placeholder" or node.name not in user:
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        shape: list[int | str] = []
+        for size in val.shape:
+            if isinstance(size, int):
+                shape.append(size)
+                continue
+            expr = size.node.expr
+            sym = str(expr)
+            rng = ep.range_constraints.get(expr)
+            lo = int(rng.lower) if rng is not None and rng.lower.is_finite else 1
+            hi = int(rng.upper) if rng is not None and rng.upper.is_finite else _UNBOUNDED
+            hint = size.node.hint if size.node.hint is not None else None
+            defaults[sym] = Dim(sym, max(lo, 1), min(hi, _UNBOUNDED), hint)
+            shape.append(sym)
+        specs.append(InputSpec(node.name, normalize_dtype(str(val.dtype)), tuple(shape)))
+    return specs, defaults

@@ -1,0 +1,67 @@
+"""``torchvision:NAME`` and ``timm:NAME`` sources (random weights; no downloads)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..errors import SourceError, missing_dependency
+from ..spec import Dim, InputSpec
+from . import declared_or, finish
+from .base import LoadedModel
+
+IMAGE_DIMS = {
+    "batch": Dim("batch", 1, 16, 2),
+    "height": Dim("height", 32, 512, 224),
+    "width": Dim("width", 32, 512, 240),
+}
+
+
+def _image_inputs(channels: int, size: tuple[int, int] | None) -> list[InputSpec]:
+    if size is None:
+        return [InputSpec("image", "float32", ("batch", channels, "height", "width"))]
+    return [InputSpec("image", "float32", ("batch", channels, size[0], size[1]))]
+
+
+def load_torchvision(source: str, inputs: list[InputSpec], dims: list[Dim]) -> LoadedModel:
+    try:
+        import torchvision
+    except ImportError:
+        raise missing_dependency("torchvision", "vision") from None
+    name = source.split(":", 1)[1]
+    try:
+        model = torchvision.models.get_model(name, weights=None)
+    except ValueError:
+        known = torchvision.models.list_models()
+        close = [k for k in known if name.lower()[:4] in k][:8]
+        raise SourceError(f"torchvision has no model '{name}'",
+                          f"e.g. {', '.join(close or known[:8])} (see torchvision.models.list_models())") from None
+    fixed = getattr(model, "image_size", None)
+    size = (fixed, fixed) if isinstance(fixed, int) else None
+    if name.startswith("inception"):
+        model.aux_logits, model.AuxLogits = False, None
+    defaults = dict(IMAGE_DIMS)
+    if name.startswith(("inception", "googlenet")):
+        defaults["height"] = Dim("height", 96, 512, 299)
+        defaults["width"] = Dim("width", 96, 512, 307)
+    specs = declared_or(inputs, _image_inputs(3, size))
+    return finish(source, name, "torchvision", model, specs, dims, defaults, built_here=True)
+
+
+def load_timm(source: str, inputs: list[InputSpec], dims: list[Dim]) -> LoadedModel:
+    try:
+        import timm
+    except ImportError:
+        raise missing_dependency("timm", "vision") from None
+    name = source.split(":", 1)[1]
+    try:
+        model: nn.Module = timm.create_model(name, pretrained=False)
+    except RuntimeError as e:
+        raise SourceError(f"timm cannot build '{name}': {e}", "see timm.list_models() for the names") from None
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    channels, h, w = cfg.get("input_size", (3, 224, 224))
+    fixed = bool(cfg.get("fixed_input_size", False))
+    defaults = dict(IMAGE_DIMS)
+    defaults["height"] = Dim("height", 32, max(512, h), h)
+    defaults["width"] = Dim("width", 32, max(512, w), w + 16)
+    specs = declared_or(inputs, _image_inputs(channels, (h, w) if fixed else None))
+    return finish(source, name, "timm", model, specs, dims, defaults, built_here=True)

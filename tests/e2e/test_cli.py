@@ -1,0 +1,195 @@
+"""End to end through the command line: real exports, real ONNX Runtime sessions, real exit codes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from tests.conftest import MODELS, ROOT, load_report, run_cli
+
+EXAMPLE = ROOT / "examples" / "text_classifier.py"
+TC_ARGS = '{"vocab_size": 30000, "embed_dim": 256, "num_classes": 10}'
+
+
+def _assert_clean_error(proc, out: Path | None = None, code: int = 2) -> None:
+    assert proc.returncode == code, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error:") and "Hint:" in lines[0], lines[0]
+    if out is not None:
+        assert not (out / "model.onnx").exists()
+
+
+# --------------------------------------------------------------------------- the issue's must-show runs
+
+
+@pytest.mark.slow
+def test_text_classifier_export_matches_pytorch_at_listed_shapes(tmp_path):
+    sys.path.insert(0, str(EXAMPLE.parent))
+    try:
+        from text_classifier import TextClassifier
+    finally:
+        sys.path.remove(str(EXAMPLE.parent))
+    torch.manual_seed(123)
+    model = TextClassifier(**json.loads(TC_ARGS)).eval()
+    weights = tmp_path / "tc.pt"
+    torch.save(model.state_dict(), weights)
+    out = tmp_path / "OUT"
+    proc = run_cli("export", f"{EXAMPLE}:TextClassifier", "--model-args", TC_ARGS, "--weights", str(weights),
+                   "-i", "input_ids:int64[batch,seq]", "-d", "batch=1..64", "-d", "seq=1..512", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    rep = load_report(out)
+    assert rep["status"] == "ok"
+    assert {d["symbol"]: d["proven"] for d in rep["check"]["dynamic_dims"]} == {"batch": True, "seq": True}
+    sess = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    for shape in [(1, 1), (3, 77), (64, 512)]:
+        ids = torch.randint(0, 30000, shape)
+        with torch.inference_mode():
+            ref = model(ids).numpy()
+        got = sess.run(None, {"input_ids": ids.numpy()})[0]
+        np.testing.assert_allclose(got, ref, atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow
+def test_resnet18_without_inputs_has_batch_height_width_proven(tmp_path):
+    torchvision = pytest.importorskip("torchvision")
+    out = tmp_path / "OUT"
+    proc = run_cli("export", "torchvision:resnet18", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    rep = load_report(out)
+    dims = {d["symbol"]: d for d in rep["check"]["dynamic_dims"]}
+    assert set(dims) == {"batch", "height", "width"}
+    assert all(d["proven"] and len(d["sizes_passed"]) >= 3 for d in dims.values())
+    assert rep["export"]["inputs"][0]["shape"] == ["batch", 3, "height", "width"]
+    torch.manual_seed(0)  # onnxport seeds the RNG with 0 before building a random-weight model
+    model = torchvision.models.get_model("resnet18", weights=None).eval()
+    sess = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    for shape in [(1, 3, 224, 224), (4, 3, 256, 256), (2, 3, 97, 131)]:
+        x = torch.randn(shape)
+        with torch.inference_mode():
+            ref = model(x).numpy()
+        got = sess.run(None, {"image": x.numpy()})[0]
+        np.testing.assert_allclose(got, ref, atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.slow
+def test_minilm_directory_without_inputs(tmp_path, minilm_dir):
+    out = tmp_path / "OUT"
+    proc = run_cli("export", f"hf:{minilm_dir}", "-o", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    rep = load_report(out)
+    assert json.loads(proc.stdout) == rep  # --json prints exactly the report
+    names = [i["name"] for i in rep["export"]["inputs"]]
+    assert names == ["input_ids", "attention_mask", "token_type_ids"]
+    assert all(i["shape"] == ["batch", "seq"] for i in rep["export"]["inputs"])
+    seq = [d for d in rep["check"]["dynamic_dims"] if d["symbol"] == "seq"]
+    assert len(seq) == 3 and all(d["proven"] for d in seq)
+    assert min(seq[0]["sizes_passed"]) == 1 and max(seq[0]["sizes_passed"]) == 512
+    assert [o["name"] for o in rep["export"]["outputs"]] == ["last_hidden_state", "pooler_output"]
+
+
+# --------------------------------------------------------------------------- failures with exit codes
+
+
+def test_frozen_branch_is_not_proven_and_not_named_model_onnx(tmp_path):
+    out = tmp_path / "OUT"
+    proc = run_cli("export", f"{MODELS}:NeedsItem", "-i", "x:float32[batch,4]", "--exporter", "torchscript",
+                   "-o", str(out))
+    assert proc.returncode == 1, proc.stderr
+    rep = load_report(out)
+    assert rep["status"] == "validation_failed"
+    assert not (out / "model.onnx").exists()
+    assert (out / "model.unverified.onnx").exists()
+    assert rep["export"]["path"] == "model.unverified.onnx"
+    cases = rep["validation"]["cases"]
+    assert any(c["passed"] for c in cases) and not all(c["passed"] for c in cases)
+    codes = {d["code"] for d in rep["diagnostics"]}
+    assert {"parity-failed", "tracer-warning"} <= codes
+
+
+def test_export_impossible_exits_3_with_every_attempt(tmp_path):
+    src = tmp_path / "eig.py"
+    src.write_text("import torch\nclass Eig(torch.nn.Module):\n"
+                   "    def forward(self, x):\n        return torch.linalg.eigvals(x).real\n")
+    out = tmp_path / "OUT"
+    proc = run_cli("export", f"{src}:Eig", "-i", "x:float32[batch,4,4]", "-o", str(out), "--json")
+    assert proc.returncode == 3, proc.stderr
+    rep = json.loads(proc.stdout)  # stdout holds only the JSON, no exporter chatter
+    assert rep["status"] == "export_failed"
+    assert [a["exporter"] for a in rep["export"]["attempts"]] == ["dynamo", "torchscript"]
+    assert all(not a["ok"] and "eig" in a["error"] for a in rep["export"]["attempts"])
+    assert not (out / "model.onnx").exists()
+    load_report(out)
+
+
+def test_bad_inputs_get_one_line_errors(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import torch\nclass Net(torch.nn.Module):\n    def forward(self, x)\n        return x\n")
+    out = tmp_path / "OUT"
+    cases = [
+        ("export", str(tmp_path / "nope.py") + ":Net", "-i", "x:float32[b,4]"),
+        ("export", f"{bad}:Net", "-i", "x:float32[b,4]"),
+        ("export", f"{MODELS}:NoSuchNet", "-i", "x:float32[b,4]"),
+        ("export", f"{MODELS}:TinyMLP", "-i", "x:float32[b,4"),
+        ("export", f"{MODELS}:TinyMLP", "-i", "x:float32[b,8]", "-d", "b=1-8"),
+        ("export", f"{MODELS}:TinyMLP", "-i", "x:float32[b,8]", "--model-args", '{"nope": 1}'),
+        ("export", f"{MODELS}:TinyMLP", "-i", "x:float32[batch,feat]", "-d", "feat=2..64"),
+        ("export", f"{MODELS}:TinyMLP"),
+    ]
+    for args in cases:
+        proc = run_cli(*args, "-o", str(out))
+        _assert_clean_error(proc, out)
+    proc = run_cli("export", f"{MODELS}:TinyMLP", "-i", "x:float32[batch,feat]", "-d", "feat=2..64", "-o", str(out))
+    assert "feat" in proc.stderr
+    proc = run_cli("export", f"{bad}:Net", "-i", "x:float32[b,4]", "-o", str(out))
+    assert "line 3" in proc.stderr
+
+
+def test_results_are_never_overwritten_without_force(tmp_path):
+    out = tmp_path / "OUT"
+    first = run_cli("export", f"{MODELS}:TinyMLP", "-i", "x:float32[batch,8]", "-o", str(out),
+                    "--exporter", "torchscript")
+    assert first.returncode == 0, first.stderr
+    before = (out / "model.onnx").read_bytes()
+    again = run_cli("export", f"{MODELS}:TinyMLP", "-i", "x:float32[batch,8]", "-o", str(out))
+    _assert_clean_error(again)
+    assert "--force" in again.stderr
+    assert (out / "model.onnx").read_bytes() == before
+    forced = run_cli("export", f"{MODELS}:TinyMLP", "-i", "x:float32[batch,8]", "-o", str(out), "--force",
+                     "--exporter", "torchscript", "--opset", "18")
+    assert forced.returncode == 0, forced.stderr
+    assert load_report(out)["export"]["opset"] == 18
+    assert not list(out.glob(".onnxport-*")), "no work files left behind"
+
+
+def test_check_and_doctor(tmp_path):
+    out = tmp_path / "OUT"
+    assert run_cli("export", f"{MODELS}:TinyMLP", "-i", "x:float32[batch,8]", "-o", str(out),
+                   "--exporter", "torchscript").returncode == 0
+    proc = run_cli("check", str(out / "model.onnx"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    assert info["ok"] and info["op_histogram"]["Gemm"] == 2
+    assert info["inputs"][0]["shape"] == ["batch", 8]
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"not a model")
+    _assert_clean_error(run_cli("check", str(garbage)))
+    doc = run_cli("doctor", "--json")
+    assert doc.returncode == 0, doc.stderr
+    d = json.loads(doc.stdout)
+    assert "CPUExecutionProvider" in d["providers"]
+    assert d["max_opset"]["onnxruntime"] >= 17 and d["packages"]["torch"]
+
+
+def test_python_module_entry_and_help():
+    proc = run_cli("--help")
+    assert proc.returncode == 0
+    for cmd in ("convert", "export", "check", "doctor"):
+        assert cmd in proc.stdout
