@@ -234,8 +234,6 @@ def test_check_non_onnx_file(tmp_path, content):
     assert excinfo.value.hint
 
 
-@pytest.mark.xfail(reason="bug: an empty file parses as an empty ModelProto, so check() reports an onnx.checker "
-                          "failure ('ir_version not set') instead of raising UsageError", strict=True)
 def test_check_empty_file(tmp_path):
     path = tmp_path / "empty.onnx"
     path.write_bytes(b"")

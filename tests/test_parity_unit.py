@@ -20,7 +20,7 @@ def test_tolerance_presets():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
 def test_exact_equality(dtype):
-    a = np.array([[0.0, -1.5, 3.25], [1e6, -1e-6, 7.0]], dtype=dtype)
+    a = np.array([[0.0, -1.5, 3.25], [1e4, -1e-6, 7.0]], dtype=dtype)
     assert compare_arrays(a, a.copy(), FP32) == (0.0, 0.0, True)
 
 
@@ -112,12 +112,15 @@ def test_nan_in_one_fails(where):
     assert math.isinf(abs_err)
 
 
+# inf - inf in parity.compare_arrays emits a harmless RuntimeWarning (the result is masked afterwards)
+@pytest.mark.filterwarnings("ignore:invalid value encountered in subtract:RuntimeWarning")
 def test_same_infinities_pass():
     ref = np.array([np.inf, -np.inf, 2.0])
     got = np.array([np.inf, -np.inf, 2.0])
     assert compare_arrays(ref, got, FP32) == (0.0, 0.0, True)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered in subtract:RuntimeWarning")
 @pytest.mark.parametrize(("r", "g"), [(np.inf, -np.inf), (np.inf, 1e30), (-np.inf, 0.0), (5.0, np.inf)])
 def test_different_infinities_fail(r, g):
     abs_err, _, ok = compare_arrays(np.array([r]), np.array([g]), FP32)

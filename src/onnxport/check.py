@@ -118,6 +118,8 @@ def check(path: str | Path, inputs: tuple[InputSpec, ...] | None = None, dims: d
     except Exception as e:  # noqa: BLE001
         raise UsageError(f"{path} is not a readable ONNX file: {str(e).splitlines()[0][:200]}",
                          "pass a .onnx file written by an ONNX exporter") from None
+    if path.stat().st_size == 0 or not model.HasField("graph"):
+        raise UsageError(f"{path} is not an ONNX model (it holds no graph)", "pass a .onnx file written by an ONNX exporter")
     diags: list[Diagnostic] = []
     checker_error = None
     try:

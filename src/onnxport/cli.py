@@ -25,7 +25,8 @@ app = typer.Typer(
     name="onnxport", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
     help="PyTorch to ONNX: export, prove against PyTorch on a matrix of shapes, explain every failure.",
 )
-err = Console(stderr=True, soft_wrap=True, highlight=False, markup=False)
+err = Console(stderr=True, soft_wrap=True, highlight=False, markup=False,
+              width=None if sys.stderr.isatty() else 120)
 
 
 def _command_line() -> str:
@@ -241,7 +242,7 @@ def print_report(rep: dict, out: Path) -> None:
         color = {"error": "red", "warning": "yellow"}.get(d["severity"], "blue")
         where = escape(f" [{d['module']}]") if d.get("module") else ""
         err.print(f"[{color}]{d['severity']}[/] {d['code']}{where}: {escape(d['message'])}", markup=True)
-        if d.get("hint"):
+        if d.get("hint") and d["severity"] != "info":
             err.print(f"    hint: {d['hint']}")
     err.print(f"  report    {out / 'report.json'}")
 

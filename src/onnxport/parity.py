@@ -84,7 +84,8 @@ def compare_arrays(ref: np.ndarray, got: np.ndarray, tol: Tolerance) -> tuple[fl
     g = got.astype(np.float64)
     both_nan = np.isnan(r) & np.isnan(g)
     same_inf = np.isinf(r) & (r == g)
-    diff = np.abs(r - g)
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(r - g)
     diff[both_nan | same_inf] = 0.0
     diff[np.isnan(diff)] = np.inf
     if not diff.size:

@@ -15,6 +15,7 @@ def session(path: str | Path, *, providers: list | None = None, threads: int | N
     """An InferenceSession on ``path`` (CPU provider and ORT_ENABLE_ALL unless told otherwise)."""
     import onnxruntime as ort
 
+    ort.set_default_logger_severity(log_severity)  # kernel errors are reported by the caller, not logged
     opts = ort.SessionOptions()
     opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPT_LEVELS[opt_level])
     opts.log_severity_level = log_severity

@@ -72,9 +72,10 @@ def _mask(shape: list[int], values: str, g: torch.Generator) -> torch.Tensor:
         return t
     n, length = shape[0], shape[-1]
     for row in range(n):
-        keep = length if values != "edge" else (length if row == 0 else (1 if row % 2 else 0))
-        if values != "edge" and row % 2 == 1:
-            keep = int(torch.randint(1, length + 1, (1,), generator=g))
+        if values == "edge":  # first row full, last row all padding, the others a single token
+            keep = length if row == 0 else (0 if row == n - 1 else 1)
+        else:  # every other row padded at a random length
+            keep = length if row % 2 == 0 else int(torch.randint(1, length + 1, (1,), generator=g))
         t[row, ..., keep:] = 0
     return t
 
@@ -106,7 +107,7 @@ def validation_cases(dims: dict[str, Dim], max_cases: int = 8) -> list[Case]:
     if len(syms) > 1:
         for s in syms:
             mixed = {o: (dims[o].max if o == s else dims[o].min) for o in syms}
-            cases.append(Case(f"{s}=max, others min", mixed, "random", 6 + len(cases)))
+            cases.append(Case(f"max {s} only", mixed, "random", 6 + len(cases)))
     unique: list[Case] = []
     seen: set[tuple] = set()
     for c in cases:

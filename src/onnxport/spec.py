@@ -81,7 +81,7 @@ def parse_input(text: str) -> InputSpec:
     dims: list[int | str] = []
     raw = m["dims"].strip()
     for part in ([p.strip() for p in raw.split(",")] if raw else []):
-        if part.isdigit():
+        if part.isascii() and part.isdigit():
             dims.append(int(part))
         elif _SYMBOL_RE.match(part):
             dims.append(part)
@@ -98,6 +98,10 @@ def parse_input(text: str) -> InputSpec:
         if not (dtype.startswith("int") or dtype.startswith("uint")):
             raise UsageError(f"a value range is only allowed for integer inputs, not {dtype} ('{text}')",
                              "drop the {LO..HI} part or use an integer dtype")
+        info = np.iinfo(np.dtype(dtype))
+        if lo < info.min or hi > info.max:
+            raise UsageError(f"value range {{{lo}..{hi}}} does not fit {dtype} ({info.min}..{info.max}) in '{text}'",
+                             "narrow the range or use a wider integer dtype")
         rng = (lo, hi)
     return InputSpec(m["name"], dtype, tuple(dims), rng)
 
@@ -138,16 +142,17 @@ def merge_dims(specs: list[InputSpec], declared: list[Dim], defaults: dict[str, 
             f"--dim names {', '.join(unknown)}, which no input uses",
             f"the inputs use: {', '.join(used) or 'no symbolic dims'}; name the dims in --input, e.g. 'x:float32[batch,16]'",
         )
-    dims: dict[str, Dim] = {}
-    taken: set[int] = set()
+    bases: dict[str, Dim] = {}
     for sym in used:
         fallback = defaults.get(sym) or _generic_default(sym)
         base = declared_by_sym.get(sym) or fallback
-        if base.example is None:
-            base = replace(base, example=fallback.example)
-        dims[sym] = replace(base, example=_export_size(base, taken))
-        taken.add(dims[sym].example)
-    return dims
+        bases[sym] = base if base.example is not None else replace(base, example=fallback.example)
+    sized: dict[str, Dim] = {}
+    taken: set[int] = set()
+    for sym in sorted(used, key=lambda s: bases[s].max - bases[s].min):  # narrowest range chooses first
+        sized[sym] = replace(bases[sym], example=_export_size(bases[sym], taken))
+        taken.add(sized[sym].example)
+    return {sym: sized[sym] for sym in used}
 
 
 def _generic_default(sym: str) -> Dim:

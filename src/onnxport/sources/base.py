@@ -46,19 +46,21 @@ def forward_parameters(model: nn.Module) -> list[inspect.Parameter] | None:
         return None
 
 
-def bind_inputs(model: nn.Module, specs: tuple[InputSpec, ...]) -> list[tuple[str, str]]:
-    """Decide how each input reaches ``forward``: ("kw", param) or ("pos", "").
+def bind_inputs(model: nn.Module, specs: tuple[InputSpec, ...]) -> list[tuple[str, str | int]]:
+    """Decide how each input reaches ``forward``: ("kw", parameter name) or ("pos", sort key).
 
     An input whose name equals a parameter binds to it by keyword; the others fill the remaining
     positional parameters in order (passed by keyword where the parameter allows it, which avoids
-    "got multiple values" clashes with keyword-bound inputs).
+    "got multiple values" clashes with keyword-bound inputs), then ``*args``. Once an input goes to
+    ``*args``, every positional parameter is passed positionally, in signature order.
     """
     params = forward_parameters(model)
-    if params is None:
-        return [("pos", "")] * len(specs)
+    if params is None or hasattr(model, "_in_spec"):  # TorchScript, ExportedProgram modules: positional only
+        return [("pos", i) for i in range(len(specs))]
     by_name = {p.name: p for p in params}
+    index = {p.name: k for k, p in enumerate(params)}
     has_var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
-    binding: list[tuple[str, str] | None] = [None] * len(specs)
+    binding: list[tuple[str, str | int] | None] = [None] * len(specs)
     taken: set[str] = set()
     for i, s in enumerate(specs):
         p = by_name.get(s.name)
@@ -67,15 +69,17 @@ def bind_inputs(model: nn.Module, specs: tuple[InputSpec, ...]) -> list[tuple[st
             taken.add(p.name)
     free = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in taken]
     var_pos = any(p.kind is p.VAR_POSITIONAL for p in params)
+    used_var_pos = False
     for i, s in enumerate(specs):
         if binding[i] is not None:
             continue
         if free:
             p = free.pop(0)
             taken.add(p.name)
-            binding[i] = ("kw", p.name) if p.kind is p.POSITIONAL_OR_KEYWORD else ("pos", "")
+            binding[i] = ("kw", p.name) if p.kind is p.POSITIONAL_OR_KEYWORD else ("pos", index[p.name])
         elif var_pos:
-            binding[i] = ("pos", "")
+            binding[i] = ("pos", len(params) + i)
+            used_var_pos = True
         elif has_var_kw:
             binding[i] = ("kw", s.name)
         else:
@@ -84,6 +88,9 @@ def bind_inputs(model: nn.Module, specs: tuple[InputSpec, ...]) -> list[tuple[st
                 f"input '{s.name}' does not fit forward({names})",
                 "give one --input per forward() parameter; a NAME equal to a parameter binds to it",
             )
+    if used_var_pos:
+        binding = [("pos", index[b[1]]) if b and b[0] == "kw" and by_name.get(str(b[1])) is not None
+                   and by_name[str(b[1])].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD else b for b in binding]
     missing = [
         p.name for p in params
         if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
@@ -105,20 +112,20 @@ def _identifier(name: str, i: int) -> str:
 class _FlatBase(nn.Module):
     """Calls the user's model with bound inputs and returns its tensors as a flat tuple."""
 
-    def __init__(self, model: nn.Module, binding: list[tuple[str, str]]) -> None:
+    def __init__(self, model: nn.Module, binding: list[tuple[str, str | int]]) -> None:
         super().__init__()
         self.model = model
         self._binding = binding
 
     def raw(self, *tensors: torch.Tensor) -> Any:
         """The model's own (possibly nested) output for inputs in spec order."""
-        args, kwargs = [], {}
-        for (how, pname), t in zip(self._binding, tensors):
+        positional, kwargs = [], {}
+        for (how, key), t in zip(self._binding, tensors):
             if how == "kw":
-                kwargs[pname] = t
+                kwargs[key] = t
             else:
-                args.append(t)
-        return self.model(*args, **kwargs)
+                positional.append((key, t))
+        return self.model(*[t for _, t in sorted(positional, key=lambda kv: kv[0])], **kwargs)
 
     def call(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         leaves = torch.utils._pytree.tree_leaves(self.raw(*tensors))
@@ -199,15 +206,23 @@ def to_eval(model: nn.Module, name: str, built_here: bool = False) -> tuple[Diag
         ]
         if affected:
             listed = ", ".join(f"{n} ({t})" for n, t in affected[:4]) + (" ..." if len(affected) > 4 else "")
-            diags.append((info if built_here else warning)(
-                "train-mode",
-                f"the model was in train mode with {len(affected)} Dropout/BatchNorm module(s): {listed}; "
-                "onnxport switched it to eval mode for export",
-                module=affected[0][0],
-                hint="call model.eval() before exporting yourself; in train mode Dropout is random and BatchNorm "
-                     "uses batch statistics, so an export would not match inference",
-            ))
-    model.eval()
+            if built_here:
+                diags.append(info("train-mode", f"built in train mode, as every new nn.Module is; switched to eval "
+                                                f"mode ({len(affected)} Dropout/BatchNorm module(s))",
+                                  module=affected[0][0]))
+            else:
+                diags.append(warning(
+                    "train-mode",
+                    f"the model was in train mode with {len(affected)} Dropout/BatchNorm module(s): {listed}; "
+                    "onnxport switched it to eval mode for export",
+                    module=affected[0][0],
+                    hint="call model.eval() before exporting yourself; in train mode Dropout is random and "
+                         "BatchNorm uses batch statistics, so an export would not match inference",
+                ))
+    try:
+        model.eval()
+    except NotImplementedError:  # an ExportedProgram's module: its mode was fixed when it was exported
+        return ()
     return tuple(diags)
 
 

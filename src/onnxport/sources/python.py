@@ -95,8 +95,12 @@ def _import_file(path_text: str):
 def _import_module(name: str):
     try:
         return importlib.import_module(name)
-    except ModuleNotFoundError as e:
-        raise SourceError(f"cannot import module '{name}': {e}",
-                          "install the package or use path/file.py:Name") from None
     except SyntaxError as e:
         raise SourceError(f"syntax error in {e.filename}, line {e.lineno}: {e.msg}", "fix the module") from None
+    except ImportError as e:
+        raise SourceError(f"cannot import module '{name}': {e}",
+                          "install the package or use path/file.py:Name") from None
+    except Exception as e:  # noqa: BLE001 - the module's own import-time error
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        raise SourceError(f"module '{name}' raised {type(e).__name__} at {Path(where.filename).name}:{where.lineno} "
+                          f"while importing: {str(e)[:200]}", "the module must import without errors") from None

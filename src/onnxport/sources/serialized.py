@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import zipfile
 from pathlib import Path
 
 import torch
@@ -24,15 +23,22 @@ def load_torchscript(source: str, inputs: list[InputSpec], dims: list[Dim]) -> L
     except Exception as e:  # noqa: BLE001
         msg = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         hint = ("a state_dict is not a model: use 'file.py:Class --weights " + str(path) + "'"
-                if zipfile.is_zipfile(path) and not _is_torchscript_zip(path) else
-                "save TorchScript with torch.jit.save(torch.jit.script(model), path)")
+                if _is_state_dict(path) else
+                "save TorchScript with torch.jit.save(torch.jit.script(model), path); a whole pickled module "
+                "(torch.save(model)) is not loaded, for safety: use 'file.py:Class --weights' with its state_dict")
         raise SourceError(f"{path} is not a TorchScript model ({msg})", hint) from None
     return finish(source, path.stem, "torchscript", model, inputs, dims)
 
 
-def _is_torchscript_zip(path: Path) -> bool:
-    with zipfile.ZipFile(path) as z:
-        return any(n.endswith("constants.pkl") or "/code/" in n for n in z.namelist())
+def _is_state_dict(path: Path) -> bool:
+    """True when ``path`` holds a dict of tensors (read safely, weights_only)."""
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception:  # noqa: BLE001 - not loadable safely: not a plain state_dict
+        return False
+    if isinstance(obj, dict) and any(k in obj for k in ("state_dict", "model_state_dict", "model")):
+        obj = next(obj[k] for k in ("state_dict", "model_state_dict", "model") if k in obj)
+    return isinstance(obj, dict) and bool(obj) and all(isinstance(v, torch.Tensor) for v in obj.values())
 
 
 def load_exported_program(source: str, inputs: list[InputSpec], dims: list[Dim]) -> LoadedModel:
@@ -55,6 +61,7 @@ def _ep_inputs(ep) -> tuple[list[InputSpec], dict[str, Dim]]:
     user = set(ep.graph_signature.user_inputs)
     specs: list[InputSpec] = []
     defaults: dict[str, Dim] = {}
+    names: dict[str, str] = {}  # torch's symbols (s0, s77) -> readable names: batch, <input>_dim<axis>
     for node in ep.graph.nodes:
         if node.op != "placeholder" or node.name not in user:
             continue
@@ -62,12 +69,14 @@ def _ep_inputs(ep) -> tuple[list[InputSpec], dict[str, Dim]]:
         if not isinstance(val, torch.Tensor):
             continue
         shape: list[int | str] = []
-        for size in val.shape:
+        for axis, size in enumerate(val.shape):
             if isinstance(size, int):
                 shape.append(size)
                 continue
             expr = size.node.expr
-            sym = str(expr)
+            if str(expr) not in names:
+                names[str(expr)] = "batch" if axis == 0 and "batch" not in names.values() else f"{node.name}_dim{axis}"
+            sym = names[str(expr)]
             rng = ep.range_constraints.get(expr)
             lo = int(rng.lower) if rng is not None and rng.lower.is_finite else 1
             hi = int(rng.upper) if rng is not None and rng.upper.is_finite else _UNBOUNDED
