@@ -151,7 +151,7 @@ def test_wrong_types_fail(path, value):
 def test_write_all_and_load(tmp_path):
     r = _failed_report()
     paths = report.write_all(r, tmp_path)
-    assert [p.name for p in paths] == ["report.json", "report.md"]
+    assert [p.name for p in paths] == ["report.json", "report.md", "report.html"]
     assert report.load(tmp_path) == r
     assert json.loads((tmp_path / "report.json").read_text()) == r
     assert (tmp_path / "report.md").read_text(encoding="utf-8") == report.render_markdown(r)

@@ -152,6 +152,25 @@ def check(model: Annotated[Path, typer.Argument(help="an .onnx file")], json_out
     raise typer.Exit(EXIT_OK if res.ok else EXIT_VALIDATION_FAILED)
 
 
+@app.command("report")
+@_guard
+def report_cmd(out: Annotated[Path, typer.Argument(help="an output folder holding report.json")]) -> None:
+    """Re-render report.html and report.md from OUT/report.json."""
+    from . import report
+    from .errors import UsageError
+
+    if not (out / "report.json").is_file():
+        raise UsageError(f"{out} has no report.json", "point at a folder written by onnxport convert/export/compare")
+    try:
+        data = report.load(out)
+        report.validate(data)
+    except Exception as e:  # noqa: BLE001 - unreadable or off-contract JSON is the user's input problem
+        raise UsageError(f"{out / 'report.json'} is not a valid onnxport report: {str(e).splitlines()[0][:200]}",
+                         "re-run onnxport to write it anew") from None
+    for path in report.write_all(data, out):
+        err.print(f"  wrote     {path}")
+
+
 @app.command()
 @_guard
 def doctor(json_out: JsonOpt = False) -> None:

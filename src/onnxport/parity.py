@@ -11,6 +11,7 @@ import torch
 
 from .check import DimCheck
 from .diagnostics import Diagnostic, error
+from .errors import UsageError
 from .runtime import session
 from .samples import Case, make_inputs, shapes_for, validation_cases
 from .sources.base import LoadedModel
@@ -95,6 +96,19 @@ def compare_arrays(ref: np.ndarray, got: np.ndarray, tol: Tolerance) -> tuple[fl
     return float(diff.max()), float(rel.max()), bool((diff <= bound).all())
 
 
+def input_mapping(specs, onnx_inputs: list[str]) -> dict[str, str]:
+    """Spec name -> ONNX input name: by name when the names agree, else by position."""
+    names = [s.name for s in specs]
+    if set(onnx_inputs) <= set(names):  # an exporter may drop inputs the model does not use
+        return {n: n for n in names if n in onnx_inputs}
+    if len(onnx_inputs) == len(names):
+        return dict(zip(names, onnx_inputs))
+    raise UsageError(
+        f"the ONNX model's inputs ({', '.join(onnx_inputs)}) do not match the model's ({', '.join(names)})",
+        "name the --input entries after the ONNX inputs, in their order",
+    )
+
+
 def run_torch(loaded: LoadedModel, inputs: tuple[torch.Tensor, ...]) -> list[np.ndarray]:
     with torch.inference_mode():
         outs = loaded.flat(*inputs)
@@ -108,6 +122,7 @@ def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | N
     cases = cases if cases is not None else validation_cases(loaded.dims)
     sess = sess or session(onnx_path)
     onnx_inputs = [i.name for i in sess.get_inputs()]
+    mapping = input_mapping(loaded.inputs, onnx_inputs)
     onnx_outputs = [o.name for o in sess.get_outputs()]
     by_name = all(n in onnx_outputs for n in loaded.output_names)
     diags: list[Diagnostic] = []
@@ -123,7 +138,7 @@ def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | N
                                       f"PyTorch itself fails: {type(e).__name__}: {str(e).splitlines()[0][:200]}",
                                       seconds=time.perf_counter() - t0))
             continue
-        feeds = {s.name: t.numpy() for s, t in zip(loaded.inputs, inputs) if s.name in onnx_inputs}
+        feeds = {mapping[s.name]: t.numpy() for s, t in zip(loaded.inputs, inputs) if s.name in mapping}
         try:
             got = sess.run(None, feeds)
         except Exception as e:  # noqa: BLE001

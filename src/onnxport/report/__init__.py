@@ -1,4 +1,4 @@
-"""Reports: report.json (validated against the shipped JSON Schema) and report.md."""
+"""Reports: report.json (validated against the shipped JSON Schema), report.md and report.html."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import os
 from importlib import resources
 from pathlib import Path
 
+from .html import render_html
 from .markdown import render_markdown
 
-__all__ = ["schema", "validate", "write_json", "write_all", "render_markdown", "load"]
+__all__ = ["schema", "validate", "write_json", "write_all", "render_markdown", "render_html", "load"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -39,12 +40,15 @@ def write_json(report: dict, out: Path) -> Path:
 
 
 def write_all(report: dict, out: Path) -> list[Path]:
-    """Write report.json and report.md into ``out``."""
+    """Write report.json, report.md and report.html into ``out``."""
     out = Path(out)
     paths = [write_json(report, out)]
     md = out / "report.md"
     _atomic_write(md, render_markdown(report))
     paths.append(md)
+    page = out / "report.html"
+    _atomic_write(page, render_html(report))
+    paths.append(page)
     return paths
 
 
