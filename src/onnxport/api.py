@@ -10,13 +10,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import __version__, environment, report
+import onnx
+
+from . import __version__, diagnose, environment, localize, report
 from .check import CheckResult, check
 from .diagnostics import Diagnostic, error
 from .errors import ExportFailed, UsageError
-from .export import ExportResult, move_model
+from .export import ExportResult, external_data_files, move_model
 from .export import export as run_export
 from .parity import FP32, ParityResult, Tolerance, compare
+from .samples import validation_cases
 from .sources import load, parse_model_args
 from .sources.base import LoadedModel
 from .spec import Dim, InputSpec, parse_dim, parse_input
@@ -77,14 +80,32 @@ def export(source: str, out: str | Path, *, inputs: Sequence[str | InputSpec] | 
                      trust_remote_code=trust_remote_code, command=command, progress=progress)
 
 
-def convert(source: str, out: str | Path, **kwargs: Any) -> dict:
-    """The whole pipeline for ``source`` (export, check, parity; later stages as they apply)."""
-    return _pipeline(source, out, **kwargs)
+QUICK_BENCH = {"batches": (1, 8), "warmup": 2, "min_runs": 20, "max_seconds": 2.0}
+
+
+def convert(source: str, out: str | Path, *, bench: dict | None = None, **kwargs: Any) -> dict:
+    """The whole pipeline for ``source``: export, check, prove, then a short benchmark (``bench``: options for
+    bench.run; ``{}`` skips it)."""
+    return _pipeline(source, out, bench=QUICK_BENCH if bench is None else bench, **kwargs)
+
+
+def benchmark(source: str, out: str | Path, *, onnx_files: Sequence[str | Path] = (), bench: dict | None = None,
+              **kwargs: Any) -> dict:
+    """Prove and benchmark: export ``source`` into OUT (or prove the given ONNX files against it), then time
+    PyTorch against ONNX Runtime on each file. The report's ``benchmark`` holds the runs."""
+    opts = dict(bench or {})
+    if onnx_files:
+        kwargs.pop("exporter", None)
+        kwargs.pop("opset", None)
+        return compare_file(source, onnx_files[0], out, bench=opts or {"batches": (1, 8)},
+                            extra_files=list(onnx_files[1:]), **kwargs)
+    return _pipeline(source, out, bench=opts or {"batches": (1, 8)}, **kwargs)
 
 
 def _pipeline(source: str, out: str | Path, *, inputs=None, dims=None, model_args=None, weights=None, task=None,
               exporter: str = "auto", opset: int | None = None, tolerance: Tolerance = FP32, force: bool = False,
-              trust_remote_code: bool = False, command: str | None = None, progress: Progress = _noop) -> dict:
+              trust_remote_code: bool = False, command: str | None = None, progress: Progress = _noop,
+              bench: dict | None = None) -> dict:
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     progress(f"loading {source}")
@@ -97,44 +118,113 @@ def _pipeline(source: str, out: str | Path, *, inputs=None, dims=None, model_arg
     work = Path(tempfile.mkdtemp(prefix=".onnxport-", dir=out))
     try:
         return _run_stages(loaded, out, work, exporter=exporter, opset=opset, tolerance=tolerance,
-                           command=command, progress=progress, timings=timings)
+                           command=command, progress=progress, timings=timings, bench=bench)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def _run_stages(loaded: LoadedModel, out: Path, work: Path, *, exporter: str, opset: int | None,
-                tolerance: Tolerance, command: str | None, progress: Progress, timings: dict) -> dict:
-    diags: list[Diagnostic] = list(loaded.diagnostics)
+                tolerance: Tolerance, command: str | None, progress: Progress, timings: dict,
+                bench: dict | None = None) -> dict:
+    diags: list[Diagnostic] = list(loaded.diagnostics) + diagnose.static_traps(loaded)
     progress(f"exporting ({exporter})")
     t = time.perf_counter()
     try:
         result = run_export(loaded, work / "model.onnx", exporter=exporter, opset=opset)
     except ExportFailed as e:
         timings["export"] = time.perf_counter() - t
-        diags.extend(getattr(e, "diagnostics", ()))
+        attempts = getattr(e, "attempts", ())
+        diags.extend(diagnose.enrich(list(getattr(e, "diagnostics", ())), loaded, ()))
+        diags.extend(diagnose.explain_attempts(attempts, loaded, failed=True))
         diags.append(error("export-failed", e.message, hint=e.hint))
-        rep = build_report(loaded, None, None, None, diags, timings, command,
-                           attempts=getattr(e, "attempts", ()))
+        rep = build_report(loaded, None, None, None, diags, timings, command, attempts=attempts)
         report.write_all(rep, out)
         return rep
     timings["export"] = time.perf_counter() - t
+    diags.extend(diagnose.explain_attempts(result.attempts, loaded, failed=False))
     diags.extend(result.diagnostics)
+    return _prove(loaded, result, out, diags, tolerance=tolerance, command=command, progress=progress,
+                  timings=timings, move_to_out=True, bench=bench)
+
+
+def _prove(loaded: LoadedModel, result: ExportResult, out: Path, diags: list[Diagnostic], *, tolerance: Tolerance,
+           command: str | None, progress: Progress, timings: dict, move_to_out: bool, bench: dict | None = None,
+           extra_files: Sequence[str | Path] = ()) -> dict:
+    """check + parity (+ localization on failure) of ``result.path``; writes the report."""
     progress("checking the graph")
     t = time.perf_counter()
     checked = check(result.path, loaded.inputs, loaded.dims)
     timings["check"] = time.perf_counter() - t
     diags.extend(checked.diagnostics)
+    diags = diagnose.enrich(diags, loaded, result.guards)
     progress("proving parity with PyTorch")
     t = time.perf_counter()
-    parity = compare(loaded, result.path, tolerance=tolerance, dim_checks=checked.dynamic_dims)
+    cases = validation_cases(loaded.dims)
+    diags.extend(diagnose.runtime_traps(loaded, cases[0]))
+    parity = compare(loaded, result.path, cases=cases, tolerance=tolerance, dim_checks=checked.dynamic_dims)
     timings["parity"] = time.perf_counter() - t
     diags.extend(parity.diagnostics)
+    divergence = None
+    failing = [(c, r) for c, r in zip(cases, parity.cases) if not r.passed and not (r.error or "").startswith("PyTorch")]
+    if failing and not parity.load_error:
+        progress("localizing the divergence")
+        t = time.perf_counter()
+        divergence = localize.find(loaded, result.path, failing[0][0], tolerance)
+        timings["localize"] = time.perf_counter() - t
+        if divergence is not None:
+            diags.append(diagnose.explain_divergence(divergence, loaded, diags))
     rep = build_report(loaded, result, checked, parity, diags, timings, command)
-    final = out / ("model.onnx" if rep["status"] == "ok" else "model.unverified.onnx")
-    move_model(result.path, final)
-    rep["export"]["path"] = final.name
+    if divergence is not None:
+        rep["validation"]["divergence"] = divergence.to_dict()
+        rep["validation"]["divergence"]["module"] = diagnose.label(loaded, divergence.module)
+    if move_to_out:
+        final = out / ("model.onnx" if rep["status"] == "ok" else "model.unverified.onnx")
+        move_model(result.path, final)
+        rep["export"]["path"] = final.name
+    else:
+        rep["export"]["path"] = str(result.path)
     report.write_all(rep, out)
+    if bench and rep["status"] == "ok":
+        from . import bench as bench_mod
+
+        progress("benchmarking PyTorch against ONNX Runtime")
+        t = time.perf_counter()
+        model_file = out / rep["export"]["path"] if move_to_out else Path(result.path)
+        paths = {"onnxruntime": model_file, **{f"onnxruntime:{Path(p).stem}": Path(p) for p in extra_files}}
+        rep["benchmark"] = bench_mod.run(loaded, paths, progress=progress, **bench).to_dict()
+        rep["timings"]["bench"] = round(time.perf_counter() - t, 3)
+        report.write_all(rep, out)
     return rep
+
+
+def compare_file(source: str, onnx_path: str | Path, out: str | Path, *, inputs=None, dims=None, model_args=None,
+                 weights=None, task=None, tolerance: Tolerance = FP32, force: bool = False,
+                 trust_remote_code: bool = False, command: str | None = None, progress: Progress = _noop,
+                 bench: dict | None = None, extra_files: Sequence[str | Path] = ()) -> dict:
+    """Prove any ONNX file (exported by onnxport or not) against the PyTorch model; localize a divergence."""
+    onnx_path = Path(onnx_path)
+    if not onnx_path.is_file():
+        raise UsageError(f"ONNX file not found: {onnx_path}", "check the path")
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    progress(f"loading {source}")
+    if Path(out).exists() and not force:
+        prepare_out(out, force=False)
+    loaded = load_model(source, inputs=inputs, dims=dims, model_args=model_args, weights=weights, task=task,
+                        trust_remote_code=trust_remote_code)
+    timings["load"] = time.perf_counter() - t0
+    out = prepare_out(out, force)
+    if onnx_path.resolve().parent == out.resolve() and onnx_path.name in RESULT_FILES:
+        raise UsageError("the ONNX file lies in --out, where results are written", "choose another --out")
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    result = ExportResult(onnx_path, "external", int(opset), 0.0, (), bool(external_data_files(onnx_path)))
+    diags = list(loaded.diagnostics) + diagnose.static_traps(loaded)
+    for extra in extra_files:
+        if not Path(extra).is_file():
+            raise UsageError(f"ONNX file not found: {extra}", "check the path")
+    return _prove(loaded, result, out, diags, tolerance=tolerance, command=command, progress=progress,
+                  timings=timings, move_to_out=False, bench=bench, extra_files=extra_files)
 
 
 def build_report(loaded: LoadedModel, result: ExportResult | None, checked: CheckResult | None,

@@ -92,17 +92,17 @@ def _check_device(device: str) -> None:
 
 
 def _run(which: str, source: str, out: Path, inputs, dims, model_args, weights, task, exporter, opset, device,
-         as_json, force, atol, rtol, trust_remote_code) -> None:
+         as_json, force, atol, rtol, trust_remote_code, **extra) -> None:
     from . import api
     from .parity import Tolerance
 
     _check_device(device)
-    fn = api.convert if which == "convert" else api.export
+    fn = {"convert": api.convert, "export": api.export, "bench": api.benchmark}[which]
     with err.status(f"{which} {source}") as status:
         rep = fn(source, out, inputs=inputs, dims=dims, model_args=model_args, weights=weights, task=task,
                  exporter=exporter, opset=opset, tolerance=Tolerance(atol, rtol), force=force,
                  trust_remote_code=trust_remote_code, command=_command_line(),
-                 progress=lambda msg: status.update(msg))
+                 progress=lambda msg: status.update(msg), **extra)
     if as_json:
         print(json.dumps(rep, indent=2, default=str))
     print_report(rep, out)
@@ -116,10 +116,33 @@ def convert(source: Annotated[str, typer.Argument(help="model source, e.g. model
             model_args: ArgsOpt = None, weights: WeightsOpt = None, task: TaskOpt = None,
             exporter: ExporterOpt = "auto", opset: OpsetOpt = None, device: DeviceOpt = "cpu",
             json_out: JsonOpt = False, force: ForceOpt = False, atol: AtolOpt = 1e-4, rtol: RtolOpt = 1e-3,
-            trust_remote_code: TrustOpt = False) -> None:
-    """The whole pipeline: export, check, prove; writes OUT/."""
+            trust_remote_code: TrustOpt = False,
+            no_bench: Annotated[bool, typer.Option("--no-bench", help="skip the short benchmark")] = False) -> None:
+    """The whole pipeline: export, check, prove, benchmark; writes OUT/."""
     _run("convert", source, out, input, dim, model_args, weights, task, exporter, opset, device, json_out, force,
-         atol, rtol, trust_remote_code)
+         atol, rtol, trust_remote_code, bench={} if no_bench else None)
+
+
+@app.command()
+@_guard
+def bench(source: Annotated[str, typer.Argument(help="model source, e.g. torchvision:resnet18")],
+          models: Annotated[list[Path] | None, typer.Argument(help="ONNX files to time (default: export one)")] = None,
+          out: OutOpt = Path("onnxport-out"), input: InputOpt = None, dim: DimOpt = None,
+          model_args: ArgsOpt = None, weights: WeightsOpt = None, task: TaskOpt = None,
+          exporter: ExporterOpt = "auto", opset: OpsetOpt = None, device: DeviceOpt = "cpu",
+          batch: Annotated[list[int] | None, typer.Option("--batch", "-b", help="batch sizes (repeatable)")] = None,
+          seq: Annotated[list[int] | None, typer.Option("--seq", help="sequence lengths to sweep (repeatable)")] = None,
+          threads: Annotated[int | None, typer.Option("--threads", help="threads for every backend")] = None,
+          seconds: Annotated[float, typer.Option("--seconds", help="time budget per size")] = 10.0,
+          tune: Annotated[bool, typer.Option("--tune", help="search ONNX Runtime session options")] = False,
+          compile_: Annotated[bool, typer.Option("--compile", help="also time torch.compile")] = False,
+          json_out: JsonOpt = False, force: ForceOpt = False, atol: AtolOpt = 1e-4, rtol: RtolOpt = 1e-3,
+          trust_remote_code: TrustOpt = False) -> None:
+    """Prove, then benchmark PyTorch against ONNX Runtime (percentiles, throughput, % of GEMM peak)."""
+    opts = {"batches": tuple(batch or (1, 8)), "seq_lens": tuple(seq) if seq else None, "threads": threads,
+            "max_seconds": seconds, "tune_ort": tune, "compile": compile_}
+    _run("bench", source, out, input, dim, model_args, weights, task, exporter, opset, device, json_out, force,
+         atol, rtol, trust_remote_code, bench=opts, onnx_files=list(models or []))
 
 
 @app.command()
@@ -137,6 +160,29 @@ def export(source: Annotated[str, typer.Argument(help="model source, e.g. model.
 
 @app.command()
 @_guard
+def compare(source: Annotated[str, typer.Argument(help="model source, e.g. model.py:Net")],
+            model: Annotated[Path, typer.Argument(help="the ONNX file to prove (from any tool)")],
+            out: OutOpt = Path("onnxport-out"), input: InputOpt = None, dim: DimOpt = None,
+            model_args: ArgsOpt = None, weights: WeightsOpt = None, task: TaskOpt = None,
+            json_out: JsonOpt = False, force: ForceOpt = False, atol: AtolOpt = 1e-4, rtol: RtolOpt = 1e-3,
+            trust_remote_code: TrustOpt = False) -> None:
+    """Prove an existing ONNX file against the PyTorch model; localize where they part."""
+    from . import api
+    from .parity import Tolerance
+
+    with err.status(f"compare {source} {model}") as status:
+        rep = api.compare_file(source, model, out, inputs=input, dims=dim, model_args=model_args, weights=weights,
+                               task=task, tolerance=Tolerance(atol, rtol), force=force,
+                               trust_remote_code=trust_remote_code, command=_command_line(),
+                               progress=lambda msg: status.update(msg))
+    if json_out:
+        print(json.dumps(rep, indent=2, default=str))
+    print_report(rep, out)
+    raise typer.Exit(STATUS_EXIT[rep["status"]])
+
+
+@app.command()
+@_guard
 def check(model: Annotated[Path, typer.Argument(help="an .onnx file")], json_out: JsonOpt = False) -> None:
     """Structural checks and graph summary of an ONNX file (no PyTorch model needed)."""
     from .api import check_file
@@ -150,6 +196,68 @@ def check(model: Annotated[Path, typer.Argument(help="an .onnx file")], json_out
     for d in res.diagnostics:
         err.print(f"  [yellow]{d.severity}[/] {d.code}: {escape(d.message)}", markup=True)
     raise typer.Exit(EXIT_OK if res.ok else EXIT_VALIDATION_FAILED)
+
+
+@app.command()
+@_guard
+def serve(path: Annotated[Path, typer.Argument(help="an output folder, a .onnx file, or a Triton-style repository")],
+          host: Annotated[str, typer.Option("--host", help="address to bind (default: loopback only)")] = "127.0.0.1",
+          port: Annotated[int, typer.Option("--port", help="TCP port")] = 8000,
+          max_batch: Annotated[int | None, typer.Option("--max-batch", help="rows per batched run (1: off)")] = None,
+          max_delay_ms: Annotated[float | None, typer.Option("--max-delay-ms", help="longest wait to fill a batch")] = None,
+          max_body_mb: Annotated[float, typer.Option("--max-body-mb", help="largest request body")] = 64.0) -> None:
+    """Serve models over the Open Inference Protocol v2 (KServe v2 / Triton HTTP) with dynamic batching."""
+    from .serve import discover, run
+
+    discover(path)  # a bad PATH fails here, in one line, before anything starts
+    err.print(f"serving {path} on http://{host}:{port}/v2 (Ctrl-C stops after in-flight requests finish)")
+    try:
+        run(path, host=host, port=port, max_batch=max_batch, max_delay_ms=max_delay_ms,
+            max_body_bytes=int(max_body_mb * 1024 * 1024))
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
+@app.command()
+@_guard
+def triton(out: Annotated[Path, typer.Argument(help="an output folder (or a .onnx file)")],
+           repo: Annotated[Path, typer.Option("--repo", help="the model repository to write")],
+           name: Annotated[str | None, typer.Option("--name", help="model name in the repository")] = None,
+           max_batch: Annotated[int, typer.Option("--max-batch", help="max_batch_size")] = 32,
+           max_delay_ms: Annotated[float, typer.Option("--max-delay-ms", help="dynamic batching delay")] = 2.0,
+           instances: Annotated[int, typer.Option("--instances", help="instance_group count")] = 1,
+           gpu: Annotated[bool, typer.Option("--gpu", help="GPU instances and the TensorRT accelerator")] = False,
+           json_out: JsonOpt = False, force: ForceOpt = False) -> None:
+    """Write a Triton Inference Server model repository and a KServe InferenceService manifest."""
+    from .deploy import triton_repository
+
+    res = triton_repository(out, repo, name=name, max_batch=max_batch, max_delay_ms=max_delay_ms,
+                            instance_count=instances, gpu=gpu, force=force)
+    if json_out:
+        print(json.dumps(res.to_dict(), indent=2, default=str))
+    for key, value in res.to_dict().items():
+        err.print(f"  {key:<10}{value}")
+
+
+@app.command()
+@_guard
+def view(model: Annotated[Path, typer.Argument(help="an .onnx file")],
+         port: Annotated[int, typer.Option("--port", help="TCP port")] = 8080) -> None:
+    """Open the model in Netron (needs the optional extra: pip install 'onnxport[view]')."""
+    from .errors import UsageError, missing_dependency
+
+    if not model.is_file():
+        raise UsageError(f"ONNX file not found: {model}", "check the path")
+    try:
+        import netron
+    except ImportError:
+        raise missing_dependency("netron", "view") from None
+    netron.start(str(model), address=("127.0.0.1", port), browse=False)
+    err.print(f"Netron shows {model} on http://127.0.0.1:{port} (Ctrl-C stops)")
+    try:
+        netron.wait()
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
 
 
 @app.command("report")
@@ -256,6 +364,31 @@ def print_report(rep: dict, out: Path) -> None:
             fa = "-" if c["max_abs_err"] is None else f"{c['max_abs_err']:.2e}"
             fr = "-" if c["max_rel_err"] is None else f"{c['max_rel_err']:.2e}"
             t.add_row(c.get("label", ""), shapes, fa, fr, Text.from_markup(mark))
+        err.print(t)
+    b = rep.get("benchmark")
+    if b and b.get("runs"):
+        peak = b.get("peak_gflops")
+        t = Table(title=f"benchmark ({b['threads']} threads" + (f", GEMM peak {peak:.0f} GFLOP/s)" if peak else ")"))
+        for col in ("backend", "batch", "p50 ms", "p90 ms", "p99 ms", "items/s", "% peak", "speedup"):
+            t.add_column(col)
+        for r in b["runs"]:
+            pct = r.get("peak_pct")
+            sp = r.get("speedup")
+            t.add_row(r["backend"], str(r["batch"]) + (f"×{r['seq']}" if r.get("seq") else ""), f"{r['p50_ms']:.2f}",
+                      f"{r['p90_ms']:.2f}", f"{r['p99_ms']:.2f}", f"{r['throughput']:.1f}",
+                      "-" if pct is None else f"{pct:.0f}%", "-" if sp is None else f"{sp:.2f}×")
+        err.print(t)
+    div = (rep.get("validation") or {}).get("divergence")
+    if div and div.get("trace"):
+        t = Table(title=f"where PyTorch and ONNX part (case '{div['case']}')")
+        for col in ("module", "type", "ONNX node", "op", "max abs err", ""):
+            t.add_column(col)
+        trace = div["trace"]
+        first_bad = next((i for i, e in enumerate(trace) if not e["passed"]), len(trace))
+        for e in trace[max(0, first_bad - 3): first_bad + 4]:
+            err_ = "-" if e["max_abs_err"] is None else f"{e['max_abs_err']:.2e}"
+            t.add_row(e["module"], e["module_type"], str(e["node"]), str(e["op"]), err_,
+                      Text.from_markup("[green]✔[/]" if e["passed"] else "[red]✘[/]"))
         err.print(t)
     for d in rep["diagnostics"]:
         color = {"error": "red", "warning": "yellow"}.get(d["severity"], "blue")

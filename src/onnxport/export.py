@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import logging
 import os
 import re
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 import onnx
 import torch
 
-from .diagnostics import Diagnostic, warning
+from .diagnostics import Diagnostic, info, warning
 from .errors import ExportFailed, UsageError
 from .samples import export_sizes, make_inputs
 from .sources.base import LoadedModel
@@ -38,6 +39,7 @@ class Attempt:
     opset: int
     error: str | None = None
     detail: str | None = None
+    guards: tuple[tuple[str, str, int], ...] = ()  # (guard expression, user file, line) from torch.export
 
     def to_dict(self) -> dict:
         return {"exporter": self.exporter, "ok": self.ok, "seconds": round(self.seconds, 3), "opset": self.opset,
@@ -55,6 +57,10 @@ class ExportResult:
     attempts: tuple[Attempt, ...]
     external_data: bool
     diagnostics: tuple[Diagnostic, ...] = ()
+
+    @property
+    def guards(self) -> tuple[tuple[str, str, int], ...]:
+        return self.attempts[-1].guards if self.attempts else ()
 
 
 # --------------------------------------------------------------------------- opsets
@@ -109,17 +115,56 @@ def _dim_objects(loaded: LoadedModel) -> tuple:
     return tuple(shapes)
 
 
-def _export_dynamo(loaded: LoadedModel, path: Path, opset: int, external: bool) -> None:
+def _export_dynamo(loaded: LoadedModel, path: Path, opset: int, external: bool) -> list[Diagnostic]:
     example = make_inputs(loaded.inputs, export_sizes(loaded.dims), seed=0)
-    program = torch.onnx.export(
-        loaded.flat, example, dynamo=True, dynamic_shapes=_dim_objects(loaded),
-        input_names=[s.name for s in loaded.inputs], output_names=list(loaded.output_names),
-        opset_version=opset, optimize=True, verbose=False,
-    )
+    torch._logging.set_logs(dynamic=logging.INFO)  # guard log lines name the user code that fixed a shape
+    try:
+        program = torch.onnx.export(
+            loaded.flat, example, dynamo=True, dynamic_shapes=_dim_objects(loaded),
+            input_names=[s.name for s in loaded.inputs], output_names=list(loaded.output_names),
+            opset_version=opset, optimize=True, verbose=False,
+        )
+    finally:
+        torch._logging.set_logs()
     program.save(str(path), external_data=external)
+    return narrowed_dims(loaded, getattr(program, "exported_program", None))
 
 
-def _export_torchscript(loaded: LoadedModel, path: Path, opset: int, external: bool) -> None:
+def narrowed_dims(loaded: LoadedModel, ep) -> list[Diagnostic]:
+    """Dims whose range torch.export narrowed (a guard on a shape): ONNX keeps no guards, so the graph is
+    only valid inside the narrowed range while it claims to accept the declared one."""
+    if ep is None:
+        return []
+    out: list[Diagnostic] = []
+    user = [n for n in ep.graph.nodes if n.op == "placeholder" and n.name in set(ep.graph_signature.user_inputs)]
+    reported: set[str] = set()
+    for spec, node in zip(loaded.inputs, user):
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        for axis, size in enumerate(val.shape):
+            sym = spec.shape[axis] if axis < len(spec.shape) else None
+            if not isinstance(sym, str) or sym in reported or isinstance(size, int):
+                continue
+            rng = ep.range_constraints.get(size.node.expr)
+            if rng is None:
+                continue
+            declared = loaded.dims[sym]
+            lo = int(rng.lower) if rng.lower.is_finite else declared.min
+            hi = int(rng.upper) if rng.upper.is_finite else declared.max
+            if lo > declared.min or hi < declared.max:
+                reported.add(sym)
+                out.append(warning(
+                    "dynamic-dim-narrowed",
+                    f"torch.export assumed {sym} in {lo}..{hi} (declared {declared.min}..{declared.max}): a shape "
+                    f"test in the model chose one path for that range, and the ONNX graph keeps no such guard",
+                    hint=f"sizes of {sym} outside {lo}..{hi} will take the wrong path in ONNX; express the shape "
+                         "branch with torch.cond or tensor ops, or narrow --dim to the range the model really needs",
+                ))
+    return out
+
+
+def _export_torchscript(loaded: LoadedModel, path: Path, opset: int, external: bool) -> list[Diagnostic]:
     example = make_inputs(loaded.inputs, export_sizes(loaded.dims), seed=0)
     dynamic_axes: dict[str, dict[int, str]] = {}
     for spec in loaded.inputs:
@@ -135,6 +180,7 @@ def _export_torchscript(loaded: LoadedModel, path: Path, opset: int, external: b
             do_constant_folding=True,
         )
         save_model(onnx.load(str(raw)), path, external)
+    return []
 
 
 def _output_axes(loaded: LoadedModel) -> dict[str, dict[int, str]]:
@@ -215,19 +261,33 @@ def move_model(src: Path, dst: Path) -> None:
 
 
 @contextlib.contextmanager
-def quiet_stdout():
-    """Keep exporter chatter (Python prints and C++ logs on fd 1) off stdout, which --json owns."""
+def captured_output(sink: list[str] | None = None):
+    """Keep exporter chatter (Python prints, logging and C++ logs on fd 1 and 2) off the terminal.
+
+    stdout belongs to ``--json`` and stderr to onnxport's own messages; what the exporters print is
+    appended to ``sink`` (it holds, e.g., the TorchScript graph at the point of failure).
+    """
     sys.stdout.flush()
-    saved = os.dup(1)
-    with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 1)
+    sys.stderr.flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    with tempfile.TemporaryFile() as tmp:
+        for fd in (1, 2):
+            os.dup2(tmp.fileno(), fd)
         try:
-            with contextlib.redirect_stdout(io.StringIO()):
+            with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(io.StringIO()) as err:
                 yield
         finally:
             sys.stdout.flush()
-            os.dup2(saved, 1)
-            os.close(saved)
+            sys.stderr.flush()
+            for fd, dup in saved.items():
+                os.dup2(dup, fd)
+                os.close(dup)
+            if sink is not None:
+                tmp.seek(0)
+                sink.append(tmp.read().decode("utf-8", "replace") + out.getvalue() + err.getvalue())
+
+
+quiet_stdout = captured_output  # short alias used by other stages
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -276,19 +336,23 @@ def export(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", ops
         for stale in (path, path.with_name(path.name + ".data")):
             stale.unlink(missing_ok=True)
         t0 = time.perf_counter()
+        chatter: list[str] = []
         try:
-            with warnings.catch_warnings(record=True) as caught, quiet_stdout():
+            with warnings.catch_warnings(record=True) as caught, captured_output(chatter):
                 warnings.simplefilter("always")
-                STRATEGIES[name](loaded, path, use_opset, external)
+                narrowed = STRATEGIES[name](loaded, path, use_opset, external)
             diags.extend(_tracer_warnings(caught))
+            diags.extend(narrowed or [])
             written = onnx.load(str(path), load_external_data=False)
             actual = next((o.version for o in written.opset_import if o.domain in ("", "ai.onnx")), use_opset)
-            attempts.append(Attempt(name, True, time.perf_counter() - t0, actual))
+            attempts.append(Attempt(name, True, time.perf_counter() - t0, actual, guards=parse_guards(chatter)))
             return ExportResult(path, name, actual, time.perf_counter() - t_all, tuple(attempts), external,
                                 tuple(diags))
         except Exception as e:  # noqa: BLE001 - every failure is recorded and the next exporter tried
-            detail = "".join(traceback.format_exception_only(type(e), e))[-4000:]
-            attempts.append(Attempt(name, False, time.perf_counter() - t0, use_opset, _first_line(e), detail))
+            detail = ("".join(traceback.format_exception_only(type(e), e))[-6000:] + "\n"
+                      + "".join(chatter)[-6000:])
+            attempts.append(Attempt(name, False, time.perf_counter() - t0, use_opset, _first_line(e), detail,
+                                    parse_guards(chatter)))
     summary = "; ".join(f"{a.exporter}: {a.error}" for a in attempts)
     err = ExportFailed(f"no exporter could export the model ({summary})",
                        "see the attempts in report.json; try --exporter torchscript or dynamo, or another --opset",
@@ -298,7 +362,24 @@ def export(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", ops
     raise err
 
 
+_GUARD = re.compile(r"eval (?!\[guard suppressed\])(.+?) \[guard added\] \((.+?):(\d+) in \w+\)")
+
+
+def parse_guards(chatter: list[str]) -> tuple[tuple[str, str, int], ...]:
+    """Shape guards torch.export added from user code: (expression, file, line)."""
+    found = []
+    for text in chatter:
+        for m in _GUARD.finditer(text):
+            expr, file, line = m.group(1), m.group(2), int(m.group(3))
+            if "/torch/" in file or file.startswith(("torch/", "utils/", "nn/", "_")) or "site-packages" in file:
+                continue
+            if (expr, file, line) not in found:
+                found.append((expr, file, line))
+    return tuple(found)
+
+
 def _tracer_warnings(caught: list[warnings.WarningMessage]) -> list[Diagnostic]:
+    """TracerWarnings as diagnostics; those raised inside PyTorch's own code are kept as info."""
     out: list[Diagnostic] = []
     seen: set[tuple[str, int]] = set()
     for w in caught:
@@ -308,7 +389,8 @@ def _tracer_warnings(caught: list[warnings.WarningMessage]) -> list[Diagnostic]:
         if key in seen:
             continue
         seen.add(key)
-        out.append(warning(
+        inside_torch = "/torch/" in w.filename.replace("\\", "/")
+        out.append((info if inside_torch else warning)(
             "tracer-warning",
             f"{Path(w.filename).name}:{w.lineno}: {str(w.message).splitlines()[0][:240]}",
             module=f"{w.filename}:{w.lineno}",

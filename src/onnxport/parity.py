@@ -63,6 +63,7 @@ class ParityResult:
     cases: tuple[CaseResult, ...]
     dynamic_dims: tuple[DimCheck, ...] = ()
     diagnostics: tuple[Diagnostic, ...] = ()
+    load_error: str | None = None
 
     @property
     def max_abs_err(self) -> float:
@@ -120,7 +121,20 @@ def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | N
             tolerance: Tolerance = FP32, dim_checks: tuple[DimCheck, ...] = (), sess=None) -> ParityResult:
     """Run PyTorch and ONNX Runtime on every case and compare all outputs with ``tolerance``."""
     cases = cases if cases is not None else validation_cases(loaded.dims)
-    sess = sess or session(onnx_path)
+    if sess is None:
+        try:
+            sess = session(onnx_path)
+        except UsageError as e:
+            msg = e.message.split(": ", 1)[-1]
+            failed = tuple(CaseResult(c.label, shapes_for(loaded.inputs, c.sizes), c.values, float("inf"),
+                                      float("inf"), False, f"onnxruntime cannot load the model: {msg}",
+                                      sizes=dict(c.sizes)) for c in cases)
+            diag = error("onnxruntime-load-failed", f"onnxruntime cannot load the model: {msg}",
+                         node=_node_in(msg),
+                         hint="the graph uses an operator (or operator version) this onnxruntime has no kernel for; "
+                              "try another --opset, or replace the op in the model")
+            return ParityResult(False, tolerance, failed, tuple(replace(d, proven=False) for d in dim_checks),
+                                (diag,), load_error=msg)
     onnx_inputs = [i.name for i in sess.get_inputs()]
     mapping = input_mapping(loaded.inputs, onnx_inputs)
     onnx_outputs = [o.name for o in sess.get_outputs()]
@@ -142,9 +156,9 @@ def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | N
         try:
             got = sess.run(None, feeds)
         except Exception as e:  # noqa: BLE001
-            msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
             results.append(CaseResult(case.label, shapes, case.values, float("inf"), float("inf"), False,
-                                      f"onnxruntime fails: {msg}", seconds=time.perf_counter() - t0))
+                                      f"onnxruntime fails: {short_ort_error(str(e))}",
+                                      seconds=time.perf_counter() - t0))
             continue
         if by_name:
             got_by = dict(zip(onnx_outputs, got))
@@ -185,7 +199,7 @@ def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | N
             hint=_parity_hint(failed, results),
         ))
     for d in checks:
-        if d.symbolic and not d.proven:
+        if d.symbolic and not d.proven and any(r.passed for r in results):
             diags.append(error(
                 "dynamic-dim-unproven",
                 f"input '{d.input}' axis {d.axis} ('{d.symbol}') is symbolic but the model matches PyTorch at "
@@ -202,6 +216,26 @@ def _prove_dims(loaded: LoadedModel, dim_checks: tuple[DimCheck, ...], cases: li
         sizes = sorted({c.sizes[d.symbol] for c, r in zip(cases, results) if r.passed and d.symbol in c.sizes})
         proven.append(replace(d, sizes_passed=tuple(sizes), proven=d.symbolic and len(sizes) >= 2))
     return tuple(proven)
+
+
+def short_ort_error(message: str) -> str:
+    """onnxruntime's error in one short line: the node and the reason, without source paths."""
+    import re
+
+    text = " ".join(message.split())
+    m = re.search(r"running (\w+) node\. Name:'([^']*)' Status Message: (.*)", text)
+    if m:
+        reason = m.group(3).split(" was false. ")[-1]
+        reason = re.sub(r"/onnxruntime_src/\S+ ", "", reason)
+        return f"{m.group(1)} node '{m.group(2)}': {reason}"[:240]
+    return re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)[:240]
+
+
+def _node_in(message: str) -> str | None:
+    import re
+
+    m = re.search(r"node with name '([^']+)'", message)
+    return m.group(1) if m else None
 
 
 def _fmt_shapes(shapes: dict[str, list[int]]) -> str:

@@ -193,3 +193,45 @@ def test_python_module_entry_and_help():
     assert proc.returncode == 0
     for cmd in ("convert", "export", "check", "doctor"):
         assert cmd in proc.stdout
+
+
+def test_bench_report_and_convert_commands(tmp_path):
+    out = tmp_path / "OUT"
+    proc = run_cli("bench", f"{MODELS}:TinyMLP", "-i", "x:float32[batch,8]", "--batch", "1", "--batch", "4",
+                   "--seconds", "0.3", "-o", str(out), "--exporter", "torchscript")
+    assert proc.returncode == 0, proc.stderr
+    rep = load_report(out)
+    runs = rep["benchmark"]["runs"]
+    assert {(r["backend"], r["batch"]) for r in runs} >= {("pytorch", 1), ("onnxruntime", 1), ("pytorch", 4),
+                                                          ("onnxruntime", 4)}
+    assert all(r["p50_ms"] <= r["p90_ms"] <= r["p99_ms"] and r["throughput"] > 0 for r in runs)
+    (out / "report.html").unlink()
+    again = run_cli("report", str(out))
+    assert again.returncode == 0, again.stderr
+    assert "<html" in (out / "report.html").read_text()[:500].lower()
+    _assert_clean_error(run_cli("report", str(tmp_path / "nowhere")))
+    conv = tmp_path / "CONV"
+    proc = run_cli("convert", f"{MODELS}:TinyMLP", "-i", "x:float32[batch,8]", "-o", str(conv), "--no-bench",
+                   "--exporter", "torchscript")
+    assert proc.returncode == 0, proc.stderr
+    assert load_report(conv)["benchmark"] is None
+
+
+def test_triton_and_serve_commands(tmp_path):
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    out = tmp_path / "OUT"
+    assert run_cli("export", f"{MODELS}:TinyMLP", "-i", "x:float32[batch,8]", "-o", str(out),
+                   "--exporter", "torchscript").returncode == 0
+    repo = tmp_path / "repo"
+    proc = run_cli("triton", str(out), "--repo", str(repo), "--json")
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    cfg = text_format.Parse(Path(info["config"]).read_text(), model_config_pb2.ModelConfig())
+    assert cfg.platform == "onnxruntime_onnx" and cfg.max_batch_size == 32
+    assert list(cfg.input[0].dims) == [8]
+    again = run_cli("triton", str(out), "--repo", str(repo))
+    _assert_clean_error(again)
+    _assert_clean_error(run_cli("serve", str(tmp_path / "missing")))
+    _assert_clean_error(run_cli("view", str(tmp_path / "missing.onnx")))

@@ -111,6 +111,8 @@ def finish(source: str, name: str, kind: str, model: nn.Module, specs: list[Inpu
         raise
     except Exception as e:  # noqa: BLE001 - a model that cannot run on its own inputs
         first = " ".join(str(e).split())[:300]
+        if isinstance(e, IndexError) and "index out of range" in first:
+            raise _out_of_range(model, spec_t) from None
         raise UsageError(
             f"the model fails on the example inputs ({', '.join(str(s) for s in spec_t)}): {type(e).__name__}: {first}",
             "check --input names, dtypes and fixed sizes against forward(), and --dim ranges",
@@ -120,6 +122,19 @@ def finish(source: str, name: str, kind: str, model: nn.Module, specs: list[Inpu
         source=source, name=name, kind=kind, model=model, flat=flat, inputs=spec_t, dims=resolved,
         output_names=outs, parameters=count_parameters(model), diagnostics=diags, extra=dict(extra or {}),
     )
+
+
+def _out_of_range(model: nn.Module, specs: tuple[InputSpec, ...]) -> UsageError:
+    """The integer inputs' value ranges exceed an Embedding's rows: name both."""
+    emb = [(n, m.num_embeddings) for n, m in model.named_modules() if isinstance(m, nn.Embedding)]
+    ints = [s for s in specs if s.value_range is not None]
+    where = ", ".join(f"{n} ({k} rows, ids 0..{k - 1})" for n, k in emb[:3]) or "an index-taking op"
+    ranges = ", ".join(f"'{s.name}' {{{s.value_range[0]}..{s.value_range[1]}}}" for s in ints)
+    err = UsageError(f"integer inputs {ranges} index past {where}",
+                     "give the input the range the model accepts, e.g. -i 'input_ids:int64[batch,seq]{0..N-1}' "
+                     "with N the embedding's size")
+    err.code = "int-out-of-range"
+    return err
 
 
 def _preflight(flat: nn.Module, specs: tuple[InputSpec, ...], dims: dict[str, Dim]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import keyword
 from dataclasses import dataclass, field
@@ -117,6 +118,13 @@ class _FlatBase(nn.Module):
         self.model = model
         self._binding = binding
 
+    def train(self, mode: bool = True) -> _FlatBase:
+        """Keep the wrapper and the user's model in the same mode (exporters toggle it and restore it)."""
+        self.training = mode
+        with contextlib.suppress(NotImplementedError):  # an ExportedProgram's module: mode fixed at export
+            self.model.train(mode)
+        return self
+
     def raw(self, *tensors: torch.Tensor) -> Any:
         """The model's own (possibly nested) output for inputs in spec order."""
         positional, kwargs = [], {}
@@ -142,7 +150,9 @@ def make_flat(model: nn.Module, specs: tuple[InputSpec, ...]) -> nn.Module:
     namespace: dict[str, Any] = {}
     exec(src, namespace)  # a real signature lets torch.export name the ONNX inputs after the specs
     cls = type("FlatModel", (_FlatBase,), {"forward": namespace["forward"]})
-    return cls(model, binding)
+    flat = cls(model, binding)
+    flat.training = model.training  # a new nn.Module starts in train mode; the wrapper follows the model
+    return flat
 
 
 # --------------------------------------------------------------------------- outputs

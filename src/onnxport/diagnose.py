@@ -1,0 +1,291 @@
+"""Explanations: which PyTorch module and source line a failure comes from, why, and what to do."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import traceback
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .diagnostics import Diagnostic, error, warning
+from .export import Attempt
+from .localize import Divergence, record_modules
+from .samples import Case, export_sizes, make_inputs
+from .sources.base import LoadedModel
+
+_SKIP_FILES = ("/torch/", "/onnxport/", "site-packages", "<frozen", "<string>", "/typer/", "/click/")
+
+
+# --------------------------------------------------------------------------- where in the user's code
+
+
+def _same_file(a: str, b: str) -> bool:
+    a, b = a.replace("\\", "/"), b.replace("\\", "/")
+    return a == b or a.endswith("/" + b.lstrip("./")) or b.endswith("/" + a.lstrip("./"))
+
+
+def module_at(model: torch.nn.Module, file: str, line: int) -> str | None:
+    """The deepest module whose class's forward() contains ``file:line`` ('' for the root model)."""
+    best: str | None = None
+    for path, mod in model.named_modules():
+        fn = getattr(type(mod), "forward", None)
+        try:
+            src = inspect.getsourcefile(fn)
+            lines, start = inspect.getsourcelines(fn)
+        except (TypeError, OSError):
+            continue
+        inside = bool(src) and _same_file(src, file) and start <= line < start + len(lines)
+        if inside and (best is None or path.count(".") + bool(path) > best.count(".") + bool(best)):
+            best = path
+    return best
+
+
+def label(loaded: LoadedModel, path: str | None) -> str | None:
+    if path is None:
+        return None
+    return path or f"{loaded.name} (the model's own forward)"
+
+
+def _typed(loaded: LoadedModel, path: str, cls: str) -> str:
+    return label(loaded, path) if not path else f"{path} ({cls})"
+
+
+def _user_frame(frames) -> tuple[str, int] | None:
+    for f in reversed(frames):
+        if not any(s in f.filename.replace("\\", "/") for s in _SKIP_FILES):
+            return f.filename, f.lineno
+    return None
+
+
+def locate_op(loaded: LoadedModel, op: str) -> tuple[str | None, str | None, int | None]:
+    """Run the model once and find the first call of aten ``op``: (module path, file, line)."""
+    want = re.split(r"::|\.", op.removeprefix("aten::").removeprefix("aten."))[0]
+    stack: list[str] = []
+    hits: dict[str, tuple[str, tuple[str, int] | None]] = {}
+    handles = []
+    def enter(path: str):
+        def hook(module, args) -> None:
+            stack.append(path)
+        return hook
+
+    def leave(module, args, output) -> None:  # a forward hook must return None, or it replaces the output
+        if stack:
+            stack.pop()
+
+    for path, mod in loaded.model.named_modules():
+        handles.append(mod.register_forward_pre_hook(enter(path)))
+        handles.append(mod.register_forward_hook(leave))
+
+    class Finder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func._schema.name.split("::")[-1]
+            if name not in hits:
+                hits[name] = (stack[-1] if stack else "", _user_frame(traceback.extract_stack()))
+            return func(*args, **(kwargs or {}))
+
+    try:
+        with torch.inference_mode(), Finder():
+            loaded.flat(*make_inputs(loaded.inputs, export_sizes(loaded.dims), seed=0))
+    except Exception:  # noqa: BLE001 - best effort: the op may only fail under the exporter
+        pass
+    finally:
+        for h in handles:
+            h.remove()
+    match = hits.get(want) or next((v for k, v in hits.items() if k.startswith(want) or want.startswith(k)), None)
+    if match is None:
+        return None, None, None
+    module, frame = match
+    return module, (frame[0] if frame else None), (frame[1] if frame else None)
+
+
+# --------------------------------------------------------------------------- export failures
+
+_UNSUPPORTED = [
+    re.compile(r"No ONNX function found for <OpOverload\(op='([\w.]+)'"),
+    re.compile(r"Exporting the operator '([\w:.]+)' to ONNX opset version \d+ is not supported"),
+    re.compile(r"ONNX export failed on an operator with unrecognized namespace ([\w:.]+)"),
+]
+_DATA_DEPENDENT = re.compile(
+    r"data-dependent|GuardOnDataDependentSymNode|Data dependent|data dependent|unbacked", re.IGNORECASE)
+_SPECIALIZED = re.compile(r"Constraints violated \(([^)]*)\)")
+_USER_LINE = [re.compile(r'File "([^"]+)", line (\d+)'), re.compile(r"# File: (\S+?):(\d+) in")]
+
+
+def _user_line(text: str) -> tuple[str, int] | None:
+    for rx in _USER_LINE:
+        for m in rx.finditer(text):
+            if not any(s in m.group(1) for s in _SKIP_FILES):
+                return m.group(1), int(m.group(2))
+    return None
+
+
+def explain_attempts(attempts: Sequence[Attempt], loaded: LoadedModel, failed: bool) -> list[Diagnostic]:
+    """Translate each failed exporter attempt into a diagnostic naming the op, module and line."""
+    out: list[Diagnostic] = []
+    make = error if failed else warning
+    for a in attempts:
+        if a.ok or not a.detail:
+            continue
+        text = a.detail
+        op = next((m.group(1) for rx in _UNSUPPORTED if (m := rx.search(text))), None)
+        if op:
+            module, file, line = locate_op(loaded, op)
+            where = f" in module {label(loaded, module)} at {Path(file).name}:{line}" if file else ""
+            out.append(make(
+                "unsupported-operator",
+                f"{a.exporter} exporter: no ONNX translation for {op}{where}",
+                module=label(loaded, module), node=op,
+                hint="try a newer --opset if ONNX added the operator later; register a custom op (an onnxscript "
+                     "custom_translation_table entry for the dynamo exporter, a symbolic() for the TorchScript "
+                     "exporter) with an ONNX Runtime implementation; or rewrite that line with supported operators",
+            ))
+            continue
+        m = _SPECIALIZED.search(text)
+        if m:
+            out.append(make(
+                "dynamic-dim-specialized",
+                f"{a.exporter} exporter: the declared range of {m.group(1)} cannot hold: {a.error}",
+                hint="the model fixes or restricts this size (a shape test, a reshape to a constant, a Python loop "
+                     "over it); declare the range it really supports with --dim, or rewrite that code",
+            ))
+            continue
+        if _DATA_DEPENDENT.search(text):
+            loc = _user_line(text)
+            module = module_at(loaded.model, *loc) if loc else None
+            where = f" at {Path(loc[0]).name}:{loc[1]}" if loc else ""
+            mod = f" (module {label(loaded, module)})" if module is not None else ""
+            out.append(make(
+                "data-dependent-control-flow",
+                f"{a.exporter} exporter: Python control flow depends on tensor values{where}{mod}",
+                module=label(loaded, module),
+                hint="replace the Python `if`/loop on tensor values with tensor ops (torch.where, masking) or "
+                     "torch.cond for a real branch; .item(), .tolist() and nonzero()-sized shapes tie the graph "
+                     "to the example's values",
+            ))
+    return out
+
+
+def enrich(diags: list[Diagnostic], loaded: LoadedModel, guards: Sequence[tuple[str, str, int]]) -> list[Diagnostic]:
+    """Name modules in tracer warnings, and the code line that fixed or narrowed a dynamic dim."""
+    sizes = export_sizes(loaded.dims)
+    out = []
+    for d in diags:
+        if d.code == "tracer-warning" and d.module and ":" in d.module:
+            file, _, line = d.module.rpartition(":")
+            module = module_at(loaded.model, file, int(line)) if line.isdigit() else None
+            if module is not None:
+                d = replace(d, module=label(loaded, module))
+        elif d.code in ("dynamic-dim-fixed", "dynamic-dim-narrowed") and guards:
+            sym = re.search(r"\('(\w+)'\)|assumed (\w+) in", d.message)
+            name = (sym.group(1) or sym.group(2)) if sym else None
+            for expr, file, line in guards:
+                fixed_to = re.fullmatch(r"Eq\(\w+, (\d+)\)", expr)
+                relevant = (int(fixed_to.group(1)) == sizes.get(name) if fixed_to
+                            else d.code == "dynamic-dim-narrowed")
+                if name and relevant:
+                    module = module_at(loaded.model, file, line)
+                    d = replace(d, message=f"{d.message} (by `{expr}` at {Path(file).name}:{line})",
+                                module=label(loaded, module))
+                    break
+        out.append(d)
+    return out
+
+
+# --------------------------------------------------------------------------- traps found by running PyTorch
+
+
+def static_traps(loaded: LoadedModel) -> list[Diagnostic]:
+    """Python scalar arguments of forward() that the export bakes in as constants."""
+    out = []
+    try:
+        params = list(inspect.signature(loaded.model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return out
+    bound = {b[1] for b in loaded.flat._binding if b[0] == "kw"}
+    n_pos = sum(1 for b in loaded.flat._binding if b[0] == "pos")
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    bound |= {p.name for p in positional[:n_pos]}
+    for p in params:
+        if p.name in bound or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        kind = p.annotation if p.annotation in (int, float, bool) else (
+            type(p.default) if isinstance(p.default, (int, float, bool)) else None)
+        if kind is None:
+            continue
+        dtype = {int: "int64", float: "float32", bool: "bool"}[kind]
+        out.append(warning(
+            "scalar-argument",
+            f"forward() argument '{p.name}' is a Python {kind.__name__} (default {p.default!r}); the export bakes "
+            "this value into the graph as a constant",
+            module=label(loaded, ""),
+            hint=f"to vary it at inference time, pass it as a 0-d tensor input: -i '{p.name}:{dtype}[]'",
+        ))
+    return out
+
+
+def runtime_traps(loaded: LoadedModel, case: Case) -> list[Diagnostic]:
+    """Random ops (two runs differ) and NaN/Inf in PyTorch's own outputs, each with the module responsible."""
+    out = []
+    inputs = make_inputs(loaded.inputs, case.sizes, case.values, case.seed)
+    torch.manual_seed(1)
+    first = record_modules(loaded, inputs)
+    torch.manual_seed(2)
+    second = record_modules(loaded, inputs)
+    for (path, cls, a), (_, _, b) in zip(first, second):
+        if a.shape != b.shape or not np.array_equal(a, b, equal_nan=True):
+            out.append(error(
+                "nondeterministic",
+                f"PyTorch gives different outputs for the same input: module {_typed(loaded, path, cls)} "
+                "draws random numbers in inference",
+                module=label(loaded, path),
+                hint="remove random ops from inference (torch.rand*, dropout applied by hand with training=True); "
+                     "no export can match a random model",
+            ))
+            break
+    for path, cls, a in first:
+        if not np.isfinite(a).all():
+            out.append(warning(
+                "nan-in-pytorch",
+                f"PyTorch itself produces NaN/Inf, first in module {_typed(loaded, path, cls)} on "
+                f"'{case.label}' inputs",
+                module=label(loaded, path),
+                hint="the model is numerically unsafe on these inputs (log/sqrt/div of non-positive values, "
+                     "overflow); parity compares NaN positions, but deployments will see the same NaNs",
+            ))
+            break
+    return out
+
+
+def explain_divergence(div: Divergence, loaded: LoadedModel, diags: Sequence[Diagnostic]) -> Diagnostic:
+    """One diagnostic for the localized divergence, naming a frozen branch when tracing warned inside it."""
+    mod = label(loaded, div.module) or div.label
+    typed = mod if not div.module else f"{mod} ({div.module_type})"
+    node = f"ONNX node {div.node} ({div.op})" if div.node else "the ONNX graph"
+    if div.onnx_error:
+        hint = ("a size was baked into this node at export (typical of the TorchScript exporter's Reshape); "
+                "the dynamo exporter with dynamic shapes avoids it" if div.op in ("Reshape", "Expand", "Tile")
+                else "onnxruntime cannot run this node at these shapes")
+        return error("onnxruntime-error",
+                     f"ONNX Runtime fails in {node}, exported from module {mod}, on case '{div.case}': "
+                     f"{div.onnx_error}", module=mod, node=div.node, hint=hint)
+    frozen = [d for d in diags if d.code in ("tracer-warning", "data-dependent-control-flow", "dynamic-dim-narrowed")
+              and d.module == mod]
+    if frozen:
+        return error("frozen-branch",
+                     f"module {typed} took a fixed path during export: its output differs from "
+                     f"PyTorch on case '{div.case}' (max abs error {div.max_abs_err:.3g}, {node})",
+                     module=mod, node=div.node,
+                     hint="the branch or loop in this module's forward was frozen to the example's path; rewrite it "
+                          "with torch.where/masking or torch.cond so the graph keeps both paths")
+    err = "" if div.max_abs_err is None else f" (max abs error {div.max_abs_err:.3g})"
+    return error("divergence",
+                 f"outputs first differ at module {typed}, {node}, on case '{div.case}'{err}",
+                 module=mod, node=div.node,
+                 hint="every module before this one matches; look at this module's ops (and the node named) for a "
+                      "wrong export, a changed weight or an operator with different semantics in ONNX")

@@ -1,0 +1,74 @@
+"""Open Inference Protocol v2 (KServe v2 / Triton HTTP) server with dynamic batching and Prometheus metrics.
+
+``serve_app(PATH)`` builds the app; ``run(PATH)`` serves it with uvicorn. PATH is an onnxport output folder,
+a single .onnx file or a Triton-style model repository (``DIR/<name>/config.pbtxt``, ``DIR/<name>/1/model.onnx``).
+FastAPI and uvicorn are imported only when a server is built.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .models import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DELAY_MS, discover, signature
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+__all__ = ["serve_app", "run", "discover", "signature", "DEFAULT_MAX_BATCH", "DEFAULT_MAX_DELAY_MS",
+           "DEFAULT_MAX_BODY_BYTES"]
+
+
+def _require(package: str) -> None:
+    import importlib.util
+
+    from ..errors import EnvironmentProblem
+
+    if importlib.util.find_spec(package) is None:
+        raise EnvironmentProblem(f"the Python package '{package}' is not installed (the server needs it)",
+                                 "pip install fastapi uvicorn prometheus-client", code="missing-dependency")
+
+
+def serve_app(path: str | Path, *, max_batch: int | None = None, max_delay_ms: float | None = None,
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """Build the OIP v2 app for PATH, loading every model now (a model that fails to load raises UsageError).
+
+    ``max_batch``: largest batch per ONNX Runtime run and per request (None: the repository config, else
+    32; 1 turns batching off). ``max_delay_ms``: how long the first queued request waits for others
+    (None: the repository config, else 2 ms). ``max_body_bytes``: larger request bodies get 413.
+    """
+    for package in ("fastapi", "uvicorn", "prometheus_client"):
+        _require(package)
+    from .app import serve_app as _serve_app
+
+    return _serve_app(path, max_batch=max_batch, max_delay_ms=max_delay_ms, max_body_bytes=max_body_bytes)
+
+
+def run(path: str | Path, host: str = "127.0.0.1", port: int = 8000, *, max_batch: int | None = None,
+        max_delay_ms: float | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        graceful_timeout_s: float = 30.0, log_level: str = "info") -> None:
+    """Serve PATH with uvicorn until SIGINT/SIGTERM; in-flight requests finish (up to ``graceful_timeout_s``)."""
+    app = serve_app(path, max_batch=max_batch, max_delay_ms=max_delay_ms, max_body_bytes=max_body_bytes)
+    import uvicorn
+
+    sock = listen(host, port)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                            timeout_graceful_shutdown=graceful_timeout_s, lifespan="on")
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (UsageError when the address is taken or invalid)."""
+    from ..errors import UsageError
+
+    try:
+        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(info[0], socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(info[4])
+        sock.listen(2048)
+    except OSError as e:
+        raise UsageError(f"cannot listen on {host}:{port}: {e.strerror or e}",
+                         "pick a free port with --port, or stop the process that holds it") from None
+    return sock

@@ -1,0 +1,204 @@
+"""What the server serves: model signatures, OIP/Triton datatypes and loading from a folder, file or repository."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+
+# numpy dtype name -> Open Inference Protocol datatype
+OIP_DATATYPES = {
+    "bool": "BOOL", "uint8": "UINT8", "uint16": "UINT16", "uint32": "UINT32", "uint64": "UINT64",
+    "int8": "INT8", "int16": "INT16", "int32": "INT32", "int64": "INT64",
+    "float16": "FP16", "float32": "FP32", "float64": "FP64", "bfloat16": "BF16", "object": "BYTES",
+    "string": "BYTES",
+}
+NUMPY_DTYPES = {v: k for k, v in OIP_DATATYPES.items() if k not in ("object", "string")}
+
+DEFAULT_MAX_BATCH = 32
+DEFAULT_MAX_DELAY_MS = 2.0
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One model input or output: name, numpy dtype name and shape (ints, symbol strings or None)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | str | None, ...] | None
+
+    @property
+    def datatype(self) -> str:
+        """The OIP datatype ("FP32", "INT64", ...)."""
+        return OIP_DATATYPES.get(self.dtype, self.dtype.upper())
+
+    def oip_shape(self) -> list[int]:
+        """Shape with -1 for every dynamic dim (``[]`` when the rank is unknown)."""
+        return [d if isinstance(d, int) and d >= 0 else -1 for d in (self.shape or ())]
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "datatype": self.datatype, "shape": self.oip_shape()}
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A model's inputs and outputs, and whether its first dim is a batch dim that requests can share."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @property
+    def batchable(self) -> bool:
+        """True when every input and output has a dynamic first dim (the same symbol on all inputs)."""
+        if not self.inputs or any(not t.shape for t in self.inputs + self.outputs):
+            return False
+        if any(isinstance(t.shape[0], int) for t in self.inputs + self.outputs):
+            return False
+        symbols = {t.shape[0] for t in self.inputs if isinstance(t.shape[0], str)}
+        return len(symbols) <= 1
+
+
+def signature(path: Path) -> Signature:
+    """The I/O signature of an ONNX file (via :func:`onnxport.check.check`)."""
+    from ..check import check
+
+    result = check(path)
+
+    def spec(io: dict) -> TensorSpec:
+        return TensorSpec(io["name"], io["dtype"], tuple(io["shape"]) if io["shape"] is not None else None)
+
+    return Signature(tuple(spec(i) for i in result.inputs), tuple(spec(o) for o in result.outputs))
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """One model to serve: where its ONNX file is and how to run it."""
+
+    name: str
+    version: str
+    onnx_path: Path
+    max_batch: int | None = None          # None: the caller's default
+    max_delay_ms: float | None = None     # None: the caller's default
+    session_options: dict = field(default_factory=dict)  # keyword arguments for runtime.session()
+
+
+def _model_name(raw: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9_.\-]+", "_", raw).strip("_.") or "model"
+    return name
+
+
+def session_options_from_tuned(tuned: Any) -> dict:
+    """``runtime.session()`` keyword arguments from report.json's ``benchmark.tuned`` ORT options."""
+    from ..runtime import OPT_LEVELS
+
+    if not isinstance(tuned, dict):
+        return {}
+    if isinstance(tuned.get("config"), dict):  # bench.tune() result: {"config": {...}, "p50_ms": ...}
+        tuned = tuned["config"]
+    out: dict = {}
+    if isinstance(tuned.get("intra_op_num_threads"), int) and tuned["intra_op_num_threads"] > 0:
+        out["threads"] = tuned["intra_op_num_threads"]
+    if isinstance(tuned.get("inter_op_num_threads"), int) and tuned["inter_op_num_threads"] > 0:
+        out["inter_op_threads"] = tuned["inter_op_num_threads"]
+    mode = tuned.get("execution_mode")
+    if mode is not None:
+        if mode not in ("sequential", "parallel"):
+            raise UsageError(f"report.json benchmark.tuned.execution_mode is {mode!r}",
+                             "use 'sequential' or 'parallel', or re-run the benchmark")
+        out["execution_mode"] = mode
+    level = tuned.get("graph_optimization_level")
+    if level is not None:
+        if level not in OPT_LEVELS:
+            raise UsageError(f"report.json benchmark.tuned.graph_optimization_level is {level!r}",
+                             f"use one of {', '.join(OPT_LEVELS)}, or re-run the benchmark")
+        out["opt_level"] = level
+    for key in ("enable_mem_pattern", "enable_cpu_mem_arena"):
+        if isinstance(tuned.get(key), bool):
+            out[key] = tuned[key]
+    return out
+
+
+def _from_output_folder(out: Path) -> ModelSource:
+    onnx_path = out / "best.onnx" if (out / "best.onnx").is_file() else out / "model.onnx"
+    name, options = out.resolve().name, {}
+    report_path = out / "report.json"
+    if report_path.is_file():
+        try:
+            report = json.loads(report_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise UsageError(f"{report_path} is not valid JSON: {e}", "re-run onnxport export/convert") from None
+        model = report.get("model") if isinstance(report, dict) else None
+        if isinstance(model, dict) and isinstance(model.get("name"), str) and model["name"]:
+            name = model["name"]
+        bench = report.get("benchmark") if isinstance(report, dict) else None
+        if isinstance(bench, dict):
+            options = session_options_from_tuned(bench.get("tuned"))
+    return ModelSource(_model_name(name), "1", onnx_path, session_options=options)
+
+
+def _config_value(text: str, key: str) -> str | None:
+    m = re.search(rf"^\s*{key}\s*:\s*\"?([^\"\s]+)\"?", text, re.MULTILINE)
+    return m.group(1) if m else None
+
+
+def _config_parameter(text: str, key: str) -> str | None:
+    m = re.search(rf'key\s*:\s*"{key}"\s*value\s*:?\s*\{{\s*string_value\s*:\s*"([^"]*)"', text)
+    return m.group(1) if m else None
+
+
+def _from_repository_entry(entry: Path) -> ModelSource | None:
+    config_path = entry / "config.pbtxt"
+    text = config_path.read_text(encoding="utf-8") if config_path.is_file() else ""
+    filename = _config_value(text, "default_model_filename") or "model.onnx"
+    versions = sorted((int(v.name) for v in entry.iterdir()
+                       if v.is_dir() and v.name.isdigit() and (v / filename).is_file()), reverse=True)
+    if not versions:
+        if text:
+            raise UsageError(f"the repository model '{entry.name}' has no version folder with {filename}",
+                             f"put the model at {entry}/1/{filename}")
+        return None
+    platform = _config_value(text, "platform") or _config_value(text, "backend")
+    if platform not in (None, "onnxruntime_onnx", "onnxruntime"):
+        raise UsageError(f"the repository model '{entry.name}' uses platform '{platform}'",
+                         "onnxport serves ONNX models only (platform: \"onnxruntime_onnx\")")
+    max_batch = _config_value(text, "max_batch_size")
+    delay = _config_value(text, "max_queue_delay_microseconds")
+    options: dict = {}
+    for key, arg in (("intra_op_thread_count", "threads"), ("inter_op_thread_count", "inter_op_threads")):
+        value = _config_parameter(text, key)
+        if value and value.isdigit() and int(value) > 0:
+            options[arg] = int(value)
+    name = _config_value(text, "name") or entry.name
+    return ModelSource(name, str(versions[0]), entry / str(versions[0]) / filename,
+                       max_batch=int(max_batch) if max_batch and max_batch.isdigit() else None,
+                       max_delay_ms=int(delay) / 1000 if delay and delay.isdigit() else None,
+                       session_options=options)
+
+
+def discover(path: str | Path) -> list[ModelSource]:
+    """The models under PATH: an onnxport output folder, a single .onnx file or a Triton-style repository."""
+    path = Path(path)
+    if path.is_file():
+        if path.suffix != ".onnx":
+            raise UsageError(f"{path} is not an .onnx file",
+                             "serve an onnxport output folder, a .onnx file or a Triton model repository")
+        return [ModelSource(_model_name(path.stem), "1", path)]
+    if not path.is_dir():
+        raise UsageError(f"{path} does not exist", "pass an onnxport output folder, a .onnx file or a repository")
+    if (path / "best.onnx").is_file() or (path / "model.onnx").is_file():
+        return [_from_output_folder(path)]
+    sources = [s for entry in sorted(path.iterdir()) if entry.is_dir() and (s := _from_repository_entry(entry))]
+    if not sources:
+        raise UsageError(f"{path} holds no model to serve",
+                         "pass an onnxport output folder (with model.onnx), a .onnx file, or a Triton repository "
+                         "(DIR/<name>/config.pbtxt and DIR/<name>/1/model.onnx)")
+    names = [s.name for s in sources]
+    if len(set(names)) != len(names):
+        raise UsageError(f"the repository {path} names a model twice: {names}", "give every model a unique name")
+    return sources
+

@@ -1,0 +1,185 @@
+"""Open Inference Protocol v2 request decoding and response encoding (JSON and Triton's binary extension)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .models import NUMPY_DTYPES, Signature
+
+
+class BadRequest(Exception):
+    """A request the client must fix (HTTP 400 unless ``status`` says otherwise)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+@dataclass(frozen=True)
+class InferRequest:
+    """A decoded, validated request: numpy feeds, batch rows and what to send back."""
+
+    id: str | None
+    feeds: dict[str, np.ndarray]
+    rows: int
+    outputs: tuple[str, ...]          # output names, in response order
+    binary: frozenset[str]            # outputs to return as binary data
+
+
+_KINDS = {"BOOL": "b", "FP16": "biuf", "FP32": "biuf", "FP64": "biuf"}  # JSON value kinds each accepts
+
+
+def _is_shape(shape: object) -> bool:
+    return isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+
+
+def _json_tensor(name: str, datatype: str, shape: list[int], data: object) -> np.ndarray:
+    if not isinstance(data, list):
+        raise BadRequest(f"input '{name}': 'data' must be a (flat or nested) list of values")
+    try:
+        raw = np.asarray(data)
+    except (ValueError, TypeError):
+        raise BadRequest(f"input '{name}': 'data' is ragged or holds values of mixed kinds") from None
+    allowed = _KINDS.get(datatype, "biu")
+    if raw.size and raw.dtype.kind not in allowed:
+        raise BadRequest(f"input '{name}': 'data' holds {raw.dtype.kind!r}-kind values, not {datatype} values")
+    if raw.size != math.prod(shape):
+        raise BadRequest(f"input '{name}': shape {shape} needs {math.prod(shape)} values, 'data' has {raw.size}")
+    dtype = np.dtype(NUMPY_DTYPES[datatype])
+    if raw.dtype.kind in "iu" and dtype.kind in "iu" and raw.size:
+        info = np.iinfo(dtype)
+        if raw.min() < info.min or raw.max() > info.max:
+            raise BadRequest(f"input '{name}': values outside the {datatype} range")
+    return raw.astype(dtype).reshape(shape)
+
+
+def _binary_tensor(name: str, datatype: str, shape: list[int], chunk: bytes) -> np.ndarray:
+    dtype = np.dtype(NUMPY_DTYPES[datatype])
+    expected = math.prod(shape) * dtype.itemsize
+    if len(chunk) != expected:
+        raise BadRequest(f"input '{name}': shape {shape} of {datatype} needs {expected} bytes, got {len(chunk)}")
+    return np.frombuffer(chunk, dtype=dtype).reshape(shape)
+
+
+def decode(header: object, binary: bytes, sig: Signature, *, batched: bool, max_batch: int) -> InferRequest:
+    """Check a request against the model signature and turn it into numpy feeds."""
+    if not isinstance(header, dict):
+        raise BadRequest("the request body must be a JSON object with an 'inputs' list")
+    request_id = header.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise BadRequest("'id' must be a string")
+    params = header.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise BadRequest("'parameters' must be an object")
+    inputs = header.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise BadRequest("'inputs' must be a non-empty list of tensors")
+    expected = {t.name: t for t in sig.inputs}
+    feeds: dict[str, np.ndarray] = {}
+    offset = 0
+    for tensor in inputs:
+        if not isinstance(tensor, dict):
+            raise BadRequest("every entry of 'inputs' must be an object with name, datatype, shape and data")
+        name, datatype, shape = tensor.get("name"), tensor.get("datatype"), tensor.get("shape")
+        if not isinstance(name, str) or name not in expected:
+            raise BadRequest(f"unknown input {name!r}; the model's inputs are {sorted(expected)}")
+        if name in feeds:
+            raise BadRequest(f"input '{name}' is given twice")
+        spec = expected[name]
+        if datatype != spec.datatype:
+            raise BadRequest(f"input '{name}' has datatype {datatype!r}; the model expects {spec.datatype}")
+        if spec.datatype not in NUMPY_DTYPES:
+            raise BadRequest(f"input '{name}': datatype {spec.datatype} is not supported by this server")
+        if not _is_shape(shape):
+            raise BadRequest(f"input '{name}': 'shape' must be a list of non-negative integers")
+        if spec.shape is not None:
+            if len(shape) != len(spec.shape):
+                raise BadRequest(f"input '{name}' has shape {shape}; the model expects {spec.oip_shape()}")
+            for got, want in zip(shape, spec.shape):
+                if isinstance(want, int) and want >= 0 and got != want:
+                    raise BadRequest(f"input '{name}' has shape {shape}; the model expects {spec.oip_shape()}")
+        tparams = tensor.get("parameters") or {}
+        if not isinstance(tparams, dict):
+            raise BadRequest(f"input '{name}': 'parameters' must be an object")
+        size = tparams.get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):
+                raise BadRequest(f"input '{name}': binary_data_size {size!r} does not fit the binary body "
+                                 f"({len(binary) - offset} bytes left)")
+            if "data" in tensor:
+                raise BadRequest(f"input '{name}' has both 'data' and binary_data_size")
+            feeds[name] = _binary_tensor(name, datatype, shape, binary[offset:offset + size])
+            offset += size
+        else:
+            if "data" not in tensor:
+                raise BadRequest(f"input '{name}' has no 'data' and no binary_data_size parameter")
+            feeds[name] = _json_tensor(name, datatype, shape, tensor["data"])
+    if offset != len(binary):
+        raise BadRequest(f"the binary body has {len(binary) - offset} bytes that no input claims")
+    missing = sorted(set(expected) - set(feeds))
+    if missing:
+        raise BadRequest(f"missing input(s) {missing}; the model's inputs are {sorted(expected)}")
+    rows = 1
+    if batched:
+        firsts = {a.shape[0] for a in feeds.values()}
+        if len(firsts) != 1:
+            raise BadRequest(f"the inputs disagree on the batch size (first dims {sorted(firsts)})")
+        rows = firsts.pop()
+        if not 1 <= rows <= max_batch:
+            raise BadRequest(f"batch size {rows} is outside 1..{max_batch} (the server's max batch size)")
+    outputs, binary_out = _requested_outputs(header, params, sig)
+    return InferRequest(request_id, feeds, rows, outputs, binary_out)
+
+
+def _requested_outputs(header: dict, params: dict, sig: Signature) -> tuple[tuple[str, ...], frozenset[str]]:
+    names = [t.name for t in sig.outputs]
+    default_binary = params.get("binary_data_output") is True
+    requested = header.get("outputs")
+    if requested is None:
+        return tuple(names), frozenset(names) if default_binary else frozenset()
+    if not isinstance(requested, list):
+        raise BadRequest("'outputs' must be a list of objects with a 'name'")
+    chosen, binary = [], set()
+    for out in requested:
+        if not isinstance(out, dict) or not isinstance(out.get("name"), str):
+            raise BadRequest("every entry of 'outputs' must be an object with a 'name'")
+        if out["name"] not in names:
+            raise BadRequest(f"unknown output {out['name']!r}; the model's outputs are {names}")
+        oparams = out.get("parameters") or {}
+        if not isinstance(oparams, dict):
+            raise BadRequest(f"output '{out['name']}': 'parameters' must be an object")
+        if oparams.get("class_count"):
+            raise BadRequest("the classification extension (class_count) is not supported by this server")
+        if oparams.get("binary_data", default_binary) is True:
+            binary.add(out["name"])
+        chosen.append(out["name"])
+    return tuple(chosen), frozenset(binary)
+
+
+def encode(model: str, version: str, request: InferRequest, outputs: dict[str, np.ndarray],
+           sig: Signature) -> tuple[bytes, int | None]:
+    """The response body and, when it carries binary tensors, the length of its JSON header."""
+    datatypes = {t.name: t.datatype for t in sig.outputs}
+    tensors, chunks = [], []
+    for name in request.outputs:
+        array = np.ascontiguousarray(outputs[name])
+        tensor: dict = {"name": name, "datatype": datatypes.get(name) or "FP32", "shape": list(array.shape)}
+        if name in request.binary:
+            raw = array.tobytes()
+            tensor["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            tensor["data"] = array.ravel().tolist()
+        tensors.append(tensor)
+    body: dict = {"model_name": model, "model_version": version, "outputs": tensors}
+    if request.id is not None:
+        body["id"] = request.id
+    head = json.dumps(body, separators=(",", ":"), allow_nan=True).encode()
+    if not chunks:
+        return head, None
+    return head + b"".join(chunks), len(head)

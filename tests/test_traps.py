@@ -1,0 +1,142 @@
+"""The trap catalogue: each model is either converted and proven, or fails with the documented exit code
+and a diagnostic that names the right module (asserted, not printed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from onnxport import api
+from onnxport.errors import UsageError
+from tests.conftest import FIXTURES, MODELS, load_report, run_cli
+
+TRAPS = FIXTURES / "traps.py"
+pytestmark = pytest.mark.slow
+
+
+def _export(tmp_path, source: str, inputs, dims=(), **kw) -> dict:
+    out = tmp_path / "out"
+    rep = api.export(source, out, inputs=inputs, dims=list(dims), **kw)
+    assert load_report(out) == rep
+    return rep
+
+
+def _diag(rep: dict, code: str) -> dict:
+    found = [d for d in rep["diagnostics"] if d["code"] == code]
+    assert found, f"no {code} diagnostic in {[d['code'] for d in rep['diagnostics']]}"
+    return found[0]
+
+
+def test_branch_on_tensor_values_in_a_submodule_is_named(tmp_path):
+    rep = _export(tmp_path, f"{TRAPS}:ValueBranch", ["x:float32[batch,4]"])
+    assert rep["status"] == "validation_failed"
+    assert _diag(rep, "data-dependent-control-flow")["module"] == "gate"
+    assert "traps.py:11" in _diag(rep, "data-dependent-control-flow")["message"]
+    assert _diag(rep, "frozen-branch")["module"] == "gate"
+    assert rep["validation"]["divergence"]["module"] == "gate"
+    assert not (tmp_path / "out" / "model.onnx").exists()
+
+
+def test_branch_on_a_shape_is_caught_on_both_sides(tmp_path):
+    rep = _export(tmp_path, f"{TRAPS}:ShapeBranch", ["x:float32[batch,seq,4]"], ["seq=1..32"])
+    assert rep["status"] == "validation_failed"
+    narrowed = _diag(rep, "dynamic-dim-narrowed")
+    assert "seq in 9..32" in narrowed["message"] and "traps.py:35" in narrowed["message"]
+    assert rep["validation"]["divergence"]["module"] == "ShapeBranch (the model's own forward)"
+    failing = [c for c in rep["validation"]["cases"] if not c["passed"]]
+    assert all(c["sizes"]["seq"] <= 8 for c in failing)
+
+
+def test_python_loop_over_a_dynamic_dim_names_the_dim_and_line(tmp_path):
+    rep = _export(tmp_path, f"{TRAPS}:LoopOverDim", ["x:float32[batch,seq,4]"], ["seq=1..32"])
+    assert rep["status"] == "validation_failed"
+    fixed = _diag(rep, "dynamic-dim-fixed")
+    assert "'seq'" in fixed["message"] and "traps.py:47" in fixed["message"]
+    seq = next(d for d in rep["check"]["dynamic_dims"] if d["symbol"] == "seq")
+    assert not seq["symbolic"] and not seq["proven"]
+
+
+@pytest.mark.parametrize("name", ["ItemScale", "MaskedSum", "CustomFunction"])
+def test_value_dependent_ops_that_the_dynamo_exporter_keeps_are_proven(tmp_path, name):
+    rep = _export(tmp_path, f"{TRAPS}:{name}", ["x:float32[batch,4]"])
+    assert rep["status"] == "ok", rep["summary"]
+    assert rep["export"]["exporter"] == "dynamo"
+    assert all(c["passed"] for c in rep["validation"]["cases"])
+
+
+def test_operator_without_onnx_export_exits_3_naming_op_and_line(tmp_path):
+    rep = _export(tmp_path, f"{TRAPS}:Eig", ["x:float32[batch,3,3]"])
+    assert rep["status"] == "export_failed"
+    unsupported = [d for d in rep["diagnostics"] if d["code"] == "unsupported-operator"]
+    assert {d["node"] for d in unsupported} >= {"aten.linalg_eig"}
+    assert all("traps.py:73" in d["message"] for d in unsupported)
+    assert unsupported[0]["module"] == "Eig (the model's own forward)"
+    proc = run_cli("export", f"{TRAPS}:Eig", "-i", "x:float32[batch,3,3]", "-o", str(tmp_path / "cli"))
+    assert proc.returncode == 3
+
+
+def test_dropout_left_in_train_mode_is_warned_and_fixed(tmp_path):
+    rep = _export(tmp_path, f"{TRAPS}:dropout_in_train_mode", ["x:float32[batch,4]"])
+    assert rep["status"] == "ok"
+    d = _diag(rep, "train-mode")
+    assert d["severity"] == "warning" and d["module"] == "1"
+
+
+def test_dict_nested_tuple_outputs_and_keyword_only_input(tmp_path):
+    rep = _export(tmp_path, f"{MODELS}:DictOut", ["x:float32[batch,4]", "mask:int64[batch,3]"])
+    assert rep["status"] == "ok", rep["summary"]
+    assert [o["name"] for o in rep["export"]["outputs"]] == ["logits", "extra_0", "extra_1"]
+    assert [i["name"] for i in rep["export"]["inputs"]] == ["x", "mask"]
+
+
+def test_scalar_arguments_are_reported_as_baked_in(tmp_path):
+    rep = _export(tmp_path, f"{TRAPS}:ScalarArg", ["x:float32[batch,4]"])
+    assert rep["status"] == "ok"
+    scalars = {d["message"].split("'")[1] for d in rep["diagnostics"] if d["code"] == "scalar-argument"}
+    assert scalars == {"repeats", "scale"}
+
+
+def test_random_ops_are_nondeterministic(tmp_path):
+    rep = _export(tmp_path, f"{TRAPS}:RandomNoise", ["x:float32[batch,4]"])
+    assert rep["status"] == "validation_failed"
+    assert _diag(rep, "nondeterministic")["module"] == "RandomNoise (the model's own forward)"
+
+
+def test_nan_in_pytorch_itself_is_reported_with_its_module(tmp_path):
+    rep = _export(tmp_path, f"{TRAPS}:LogOfNegative", ["x:float32[batch,4]"])
+    d = _diag(rep, "nan-in-pytorch")
+    assert d["severity"] == "warning" and d["module"] == "LogOfNegative (the model's own forward)"
+
+
+def test_integer_values_out_of_embedding_range_are_a_usage_error(tmp_path):
+    with pytest.raises(UsageError) as info:
+        api.export(f"{MODELS}:TinyText", tmp_path / "out", inputs=["input_ids:int64[batch,seq]{0..99}"])
+    assert info.value.code == "int-out-of-range" and "embed (50 rows" in info.value.message
+    assert not (tmp_path / "out").exists()
+
+
+def test_compare_names_the_submodule_whose_weight_was_altered(tmp_path):
+    import onnx
+    from onnx import numpy_helper
+
+    src = tmp_path / "src"
+    rep = api.export(f"{MODELS}:TinyText", src, inputs=["input_ids:int64[batch,seq]"], dims=["seq=1..32"])
+    assert rep["status"] == "ok"
+    model = onnx.load(str(src / "model.onnx"))
+    target = next(t for t in model.graph.initializer if t.name.endswith("encoder.layers.0.linear1.bias"))
+    target.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(target) + 0.5, target.name))
+    altered = tmp_path / "altered.onnx"
+    onnx.save(model, str(altered))
+    out = tmp_path / "cmp"
+    proc = run_cli("compare", f"{MODELS}:TinyText", str(altered), "-i", "input_ids:int64[batch,seq]",
+                   "-d", "seq=1..32", "-o", str(out))
+    assert proc.returncode == 1, proc.stderr
+    rep = load_report(out)
+    div = rep["validation"]["divergence"]
+    assert div["module"] == "encoder.layers.0.linear1"
+    assert div["trace"][0]["passed"] and any(not e["passed"] for e in div["trace"])
+    assert _diag(rep, "divergence")["module"] == "encoder.layers.0.linear1"
+    assert rep["export"]["path"] == str(altered)
+    # the untouched export is proven by the same command
+    ok = run_cli("compare", f"{MODELS}:TinyText", str(src / "model.onnx"), "-i", "input_ids:int64[batch,seq]",
+                 "-d", "seq=1..32", "-o", str(tmp_path / "cmp_ok"))
+    assert ok.returncode == 0, ok.stderr
