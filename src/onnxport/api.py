@@ -86,6 +86,10 @@ QUICK_BENCH = {"batches": (1, 8), "warmup": 2, "min_runs": 20, "max_seconds": 2.
 def convert(source: str, out: str | Path, *, bench: dict | None = None, **kwargs: Any) -> dict:
     """The whole pipeline for ``source``: export, check, prove, then a short benchmark (``bench``: options for
     bench.run; ``{}`` skips it)."""
+    if kwargs.get("variants"):
+        from . import optimize
+
+        kwargs["variants"] = optimize.parse_names(kwargs["variants"])
     return _pipeline(source, out, bench=QUICK_BENCH if bench is None else bench, **kwargs)
 
 
@@ -105,7 +109,7 @@ def benchmark(source: str, out: str | Path, *, onnx_files: Sequence[str | Path] 
 def _pipeline(source: str, out: str | Path, *, inputs=None, dims=None, model_args=None, weights=None, task=None,
               exporter: str = "auto", opset: int | None = None, tolerance: Tolerance = FP32, force: bool = False,
               trust_remote_code: bool = False, command: str | None = None, progress: Progress = _noop,
-              bench: dict | None = None) -> dict:
+              bench: dict | None = None, variants: str | Sequence[str] | None = None) -> dict:
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     progress(f"loading {source}")
@@ -118,14 +122,14 @@ def _pipeline(source: str, out: str | Path, *, inputs=None, dims=None, model_arg
     work = Path(tempfile.mkdtemp(prefix=".onnxport-", dir=out))
     try:
         return _run_stages(loaded, out, work, exporter=exporter, opset=opset, tolerance=tolerance,
-                           command=command, progress=progress, timings=timings, bench=bench)
+                           command=command, progress=progress, timings=timings, bench=bench, variants=variants)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def _run_stages(loaded: LoadedModel, out: Path, work: Path, *, exporter: str, opset: int | None,
                 tolerance: Tolerance, command: str | None, progress: Progress, timings: dict,
-                bench: dict | None = None) -> dict:
+                bench: dict | None = None, variants: str | Sequence[str] | None = None) -> dict:
     diags: list[Diagnostic] = list(loaded.diagnostics) + diagnose.static_traps(loaded)
     progress(f"exporting ({exporter})")
     t = time.perf_counter()
@@ -144,12 +148,12 @@ def _run_stages(loaded: LoadedModel, out: Path, work: Path, *, exporter: str, op
     diags.extend(diagnose.explain_attempts(result.attempts, loaded, failed=False))
     diags.extend(result.diagnostics)
     return _prove(loaded, result, out, diags, tolerance=tolerance, command=command, progress=progress,
-                  timings=timings, move_to_out=True, bench=bench)
+                  timings=timings, move_to_out=True, bench=bench, variants=variants)
 
 
 def _prove(loaded: LoadedModel, result: ExportResult, out: Path, diags: list[Diagnostic], *, tolerance: Tolerance,
            command: str | None, progress: Progress, timings: dict, move_to_out: bool, bench: dict | None = None,
-           extra_files: Sequence[str | Path] = ()) -> dict:
+           extra_files: Sequence[str | Path] = (), variants: str | Sequence[str] | None = None) -> dict:
     """check + parity (+ localization on failure) of ``result.path``; writes the report."""
     progress("checking the graph")
     t = time.perf_counter()
@@ -184,6 +188,18 @@ def _prove(loaded: LoadedModel, result: ExportResult, out: Path, diags: list[Dia
     else:
         rep["export"]["path"] = str(result.path)
     report.write_all(rep, out)
+    if variants and rep["status"] == "ok":
+        from . import optimize
+
+        progress("building and proving the optimized variants")
+        t = time.perf_counter()
+        model_file = out / rep["export"]["path"] if move_to_out else Path(result.path)
+        opt = optimize.variants(loaded, model_file, out, names=variants, tolerance=tolerance, progress=progress)
+        rep["variants"] = opt.to_list()
+        rep["best"] = None if opt.best is None else {"name": opt.best.name, "path": "best.onnx",
+                                                     "speedup": opt.best.speedup}
+        rep["timings"]["optimize"] = round(time.perf_counter() - t, 3)
+        report.write_all(rep, out)
     if bench and rep["status"] == "ok":
         from . import bench as bench_mod
 
@@ -191,6 +207,8 @@ def _prove(loaded: LoadedModel, result: ExportResult, out: Path, diags: list[Dia
         t = time.perf_counter()
         model_file = out / rep["export"]["path"] if move_to_out else Path(result.path)
         paths = {"onnxruntime": model_file, **{f"onnxruntime:{Path(p).stem}": Path(p) for p in extra_files}}
+        if rep.get("best") and rep["best"]["name"] != "export":
+            paths[f"onnxruntime:best ({rep['best']['name']})"] = out / "best.onnx"
         rep["benchmark"] = bench_mod.run(loaded, paths, progress=progress, **bench).to_dict()
         rep["timings"]["bench"] = round(time.perf_counter() - t, 3)
         report.write_all(rep, out)
@@ -200,7 +218,8 @@ def _prove(loaded: LoadedModel, result: ExportResult, out: Path, diags: list[Dia
 def compare_file(source: str, onnx_path: str | Path, out: str | Path, *, inputs=None, dims=None, model_args=None,
                  weights=None, task=None, tolerance: Tolerance = FP32, force: bool = False,
                  trust_remote_code: bool = False, command: str | None = None, progress: Progress = _noop,
-                 bench: dict | None = None, extra_files: Sequence[str | Path] = ()) -> dict:
+                 bench: dict | None = None, extra_files: Sequence[str | Path] = (),
+                 variants: str | Sequence[str] | None = None) -> dict:
     """Prove any ONNX file (exported by onnxport or not) against the PyTorch model; localize a divergence."""
     onnx_path = Path(onnx_path)
     if not onnx_path.is_file():
@@ -224,7 +243,17 @@ def compare_file(source: str, onnx_path: str | Path, out: str | Path, *, inputs=
         if not Path(extra).is_file():
             raise UsageError(f"ONNX file not found: {extra}", "check the path")
     return _prove(loaded, result, out, diags, tolerance=tolerance, command=command, progress=progress,
-                  timings=timings, move_to_out=False, bench=bench, extra_files=extra_files)
+                  timings=timings, move_to_out=False, bench=bench, extra_files=extra_files, variants=variants)
+
+
+def optimize_file(source: str, onnx_path: str | Path, out: str | Path, *, variants: str | Sequence[str] | None = None,
+                  **kwargs: Any) -> dict:
+    """Prove ``onnx_path``, then build every optimized variant into OUT/variants/ and re-prove each against
+    PyTorch; OUT/best.onnx is the fastest one that passed."""
+    from . import optimize
+
+    names = optimize.parse_names(variants)  # an unknown name fails before the (slow) proof
+    return compare_file(source, onnx_path, out, variants=names, **kwargs)
 
 
 def build_report(loaded: LoadedModel, result: ExportResult | None, checked: CheckResult | None,

@@ -97,7 +97,7 @@ def _run(which: str, source: str, out: Path, inputs, dims, model_args, weights, 
     from .parity import Tolerance
 
     _check_device(device)
-    fn = {"convert": api.convert, "export": api.export, "bench": api.benchmark}[which]
+    fn = {"convert": api.convert, "export": api.export, "bench": api.benchmark, "optimize": api.optimize_file}[which]
     with err.status(f"{which} {source}") as status:
         rep = fn(source, out, inputs=inputs, dims=dims, model_args=model_args, weights=weights, task=task,
                  exporter=exporter, opset=opset, tolerance=Tolerance(atol, rtol), force=force,
@@ -117,10 +117,36 @@ def convert(source: Annotated[str, typer.Argument(help="model source, e.g. model
             exporter: ExporterOpt = "auto", opset: OpsetOpt = None, device: DeviceOpt = "cpu",
             json_out: JsonOpt = False, force: ForceOpt = False, atol: AtolOpt = 1e-4, rtol: RtolOpt = 1e-3,
             trust_remote_code: TrustOpt = False,
-            no_bench: Annotated[bool, typer.Option("--no-bench", help="skip the short benchmark")] = False) -> None:
-    """The whole pipeline: export, check, prove, benchmark; writes OUT/."""
+            no_bench: Annotated[bool, typer.Option("--no-bench", help="skip the short benchmark")] = False,
+            variants: Annotated[str | None, typer.Option(
+                "--variants", help="optimized variants to build and re-prove, e.g. slim,ort,fp16,int8")] = None) -> None:
+    """The whole pipeline: export, check, prove, (optimize), benchmark; writes OUT/."""
     _run("convert", source, out, input, dim, model_args, weights, task, exporter, opset, device, json_out, force,
-         atol, rtol, trust_remote_code, bench={} if no_bench else None)
+         atol, rtol, trust_remote_code, bench={} if no_bench else None, variants=variants)
+
+
+@app.command()
+@_guard
+def optimize(source: Annotated[str, typer.Argument(help="model source, e.g. torchvision:resnet18")],
+             model: Annotated[Path, typer.Argument(help="the ONNX export to optimize")],
+             out: OutOpt = Path("onnxport-out"), input: InputOpt = None, dim: DimOpt = None,
+             model_args: ArgsOpt = None, weights: WeightsOpt = None, task: TaskOpt = None,
+             variants: Annotated[str | None, typer.Option("--variants", help="e.g. slim,ort,fused,fp16,int8")] = None,
+             json_out: JsonOpt = False, force: ForceOpt = False, atol: AtolOpt = 1e-4, rtol: RtolOpt = 1e-3,
+             trust_remote_code: TrustOpt = False) -> None:
+    """Build optimized variants (onnxslim, ORT offline, fusions, fp16, int8), re-prove each against PyTorch."""
+    from . import api
+    from .parity import Tolerance
+
+    with err.status(f"optimize {model}") as status:
+        rep = api.optimize_file(source, model, out, inputs=input, dims=dim, model_args=model_args, weights=weights,
+                                task=task, variants=variants, tolerance=Tolerance(atol, rtol), force=force,
+                                trust_remote_code=trust_remote_code, command=_command_line(),
+                                progress=lambda msg: status.update(msg))
+    if json_out:
+        print(json.dumps(rep, indent=2, default=str))
+    print_report(rep, out)
+    raise typer.Exit(STATUS_EXIT[rep["status"]])
 
 
 @app.command()
@@ -364,6 +390,22 @@ def print_report(rep: dict, out: Path) -> None:
             fa = "-" if c["max_abs_err"] is None else f"{c['max_abs_err']:.2e}"
             fr = "-" if c["max_rel_err"] is None else f"{c['max_rel_err']:.2e}"
             t.add_row(c.get("label", ""), shapes, fa, fr, Text.from_markup(mark))
+        err.print(t)
+    if rep.get("variants"):
+        t = Table(title="variants (each re-proven against PyTorch)")
+        for col in ("variant", "nodes", "MB", "max abs err", "metric", "p50 ms b1", "speedup", "verdict"):
+            t.add_column(col)
+        for v in rep["variants"]:
+            m = v.get("metric") or {}
+            metric = f"{m.get('name')} {m.get('value'):.4f} (≥ {m.get('threshold')})" if m.get("value") is not None else "-"
+            lat = (v.get("latency_ms") or {}).get("1")
+            verdict = ("[green]✔[/]" if v["passed"] else f"[red]✘[/] {escape(str(v.get('reason') or ''))[:80]}")
+            if rep.get("best") and rep["best"]["name"] == v["name"]:
+                verdict += " [bold]best[/]"
+            mae = v.get("max_abs_err")
+            t.add_row(v["name"], str(v.get("nodes") or "-"), f"{(v.get('bytes') or 0) / 1e6:.1f}",
+                      "-" if mae is None else f"{mae:.2e}", metric, "-" if lat is None else f"{lat:.2f}",
+                      "-" if v.get("speedup") is None else f"{v['speedup']:.2f}×", Text.from_markup(verdict))
         err.print(t)
     b = rep.get("benchmark")
     if b and b.get("runs"):

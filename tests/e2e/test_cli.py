@@ -235,3 +235,21 @@ def test_triton_and_serve_commands(tmp_path):
     _assert_clean_error(again)
     _assert_clean_error(run_cli("serve", str(tmp_path / "missing")))
     _assert_clean_error(run_cli("view", str(tmp_path / "missing.onnx")))
+
+
+def test_optimize_command_reproves_each_variant(tmp_path):
+    src = tmp_path / "SRC"
+    assert run_cli("export", f"{MODELS}:TinyMLP", "-i", "x:float32[batch,8]", "-o", str(src),
+                   "--exporter", "torchscript").returncode == 0
+    out = tmp_path / "OPT"
+    proc = run_cli("optimize", f"{MODELS}:TinyMLP", str(src / "model.onnx"), "-i", "x:float32[batch,8]",
+                   "--variants", "slim,ort,fp16", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    rep = load_report(out)
+    by_name = {v["name"]: v for v in rep["variants"]}
+    assert {"export", "slim", "ort", "fp16"} <= set(by_name)
+    assert all((out / v["path"]).exists() for v in rep["variants"] if v["passed"] and v["name"] != "export")
+    assert (out / "best.onnx").exists() and by_name[rep["best"]["name"]]["passed"]
+    bad = run_cli("optimize", f"{MODELS}:TinyMLP", str(src / "model.onnx"), "-i", "x:float32[batch,8]",
+                  "--variants", "turbo", "-o", str(tmp_path / "BAD"))
+    _assert_clean_error(bad)
