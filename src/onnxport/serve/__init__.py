@@ -66,6 +66,9 @@ def listen(host: str, port: int) -> socket.socket:
         info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         sock = socket.socket(info[0], socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # accepted connections inherit TCP_NODELAY: without it a response written in two parts waits for the
+        # client's delayed ACK (~40 ms per request on Linux loopback, measured)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind(info[4])
         sock.listen(2048)
     except OSError as e:
