@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -149,14 +151,16 @@ import numpy as np, litserve as ls
 from onnxport.runtime import session
 class API(ls.LitAPI):
     def setup(self, device): self.s = session({str(onnx_path)!r})
-    def decode_request(self, r): return {{k: np.asarray(v, dtype=d) for k, (v, d) in r.items()}}
+    def decode_request(self, request): return {{k: np.asarray(v, dtype=d) for k, (v, d) in request.items()}}
     def batch(self, xs): return {{k: np.concatenate([x[k] for x in xs]) for k in xs[0]}}
     def predict(self, x): return self.s.run(None, x)[0]
     def unbatch(self, y): return list(y)
-    def encode_response(self, y): return {{"output": y.tolist()}}
-ls.LitServer(API(max_batch_size=32, batch_timeout=0.002), accelerator="cpu").run(port={port})
+    def encode_response(self, output): return {{"output": output.tolist()}}
+if __name__ == "__main__":
+    ls.LitServer(API(max_batch_size=32, batch_timeout=0.002), accelerator="cpu").run(port={port})
 """)
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # LitServe forks workers: stop the whole group afterwards
     import http.client
     import json
 
@@ -181,7 +185,8 @@ ls.LitServer(API(max_batch_size=32, batch_timeout=0.002), accelerator="cpu").run
         measure(call, warmup, concurrency)
         return measure(call, requests, concurrency)
     finally:
-        proc.terminate()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
 
 
