@@ -91,6 +91,14 @@ def _check_device(device: str) -> None:
         raise EnvironmentProblem("--device cuda is not supported yet", "use --device cpu")
 
 
+def _finish(rep: dict, out: Path, as_json: bool) -> None:
+    """Print the report (JSON on stdout when asked, the summary on stderr) and exit with its status code."""
+    if as_json:
+        print(json.dumps(rep, indent=2, default=str))
+    print_report(rep, out)
+    raise typer.Exit(STATUS_EXIT[rep["status"]])
+
+
 def _run(which: str, source: str, out: Path, inputs, dims, model_args, weights, task, exporter, opset, device,
          as_json, force, atol, rtol, trust_remote_code, **extra) -> None:
     from . import api
@@ -103,10 +111,7 @@ def _run(which: str, source: str, out: Path, inputs, dims, model_args, weights, 
                  exporter=exporter, opset=opset, tolerance=Tolerance(atol, rtol), force=force,
                  trust_remote_code=trust_remote_code, command=_command_line(),
                  progress=lambda msg: status.update(msg), **extra)
-    if as_json:
-        print(json.dumps(rep, indent=2, default=str))
-    print_report(rep, out)
-    raise typer.Exit(STATUS_EXIT[rep["status"]])
+    _finish(rep, out, as_json)
 
 
 @app.command()
@@ -143,10 +148,7 @@ def optimize(source: Annotated[str, typer.Argument(help="model source, e.g. torc
                                 task=task, variants=variants, tolerance=Tolerance(atol, rtol), force=force,
                                 trust_remote_code=trust_remote_code, command=_command_line(),
                                 progress=lambda msg: status.update(msg))
-    if json_out:
-        print(json.dumps(rep, indent=2, default=str))
-    print_report(rep, out)
-    raise typer.Exit(STATUS_EXIT[rep["status"]])
+    _finish(rep, out, json_out)
 
 
 @app.command()
@@ -201,10 +203,7 @@ def compare(source: Annotated[str, typer.Argument(help="model source, e.g. model
                                task=task, tolerance=Tolerance(atol, rtol), force=force,
                                trust_remote_code=trust_remote_code, command=_command_line(),
                                progress=lambda msg: status.update(msg))
-    if json_out:
-        print(json.dumps(rep, indent=2, default=str))
-    print_report(rep, out)
-    raise typer.Exit(STATUS_EXIT[rep["status"]])
+    _finish(rep, out, json_out)
 
 
 @app.command()
