@@ -8,7 +8,7 @@ import pytest
 from onnxport.api import load_model
 from onnxport.check import check
 from onnxport.errors import ExportFailed, UsageError
-from onnxport.export import default_opset, export, exporter_max_opset, onnxruntime_max_opset, quiet_stdout
+from onnxport.export import captured_output, default_opset, export, exporter_max_opset, onnxruntime_max_opset
 from onnxport.parity import compare
 from tests.conftest import MODELS
 
@@ -85,10 +85,10 @@ def test_bad_exporter_and_opset_are_usage_errors(tmp_path):
         export(_mlp(), tmp_path / "m.onnx", opset=99)
 
 
-def test_quiet_stdout_swallows_python_and_c_level_output(capfd):
+def test_captured_output_swallows_python_and_c_level_output(capfd):
     import os
 
-    with quiet_stdout():
+    with captured_output():
         print("python chatter")
         os.write(1, b"c-level chatter\n")
     print("after")

@@ -287,9 +287,6 @@ def captured_output(sink: list[str] | None = None):
                 sink.append(tmp.read().decode("utf-8", "replace") + out.getvalue() + err.getvalue())
 
 
-quiet_stdout = captured_output  # short alias used by other stages
-
-
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 

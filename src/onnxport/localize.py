@@ -11,7 +11,6 @@ tools). The first module whose matched value is out of tolerance is where the tw
 from __future__ import annotations
 
 import ast
-import re
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,7 +19,7 @@ import numpy as np
 import onnx
 import torch
 
-from .parity import Tolerance, compare_arrays, input_mapping
+from .parity import ORT_NODE_ERROR, Tolerance, compare_arrays, input_mapping
 from .runtime import session
 from .samples import Case, make_inputs
 from .sources.base import LoadedModel
@@ -139,9 +138,6 @@ def _expose_all(onnx_path: Path, tmp: Path) -> tuple[Path, dict[str, onnx.NodePr
     return path, producer, scope_of
 
 
-_NODE_IN_ERROR = re.compile(r"running (\w+) node\. Name:'([^']*)'")
-
-
 def find(loaded: LoadedModel, onnx_path: str | Path, case: Case, tolerance: Tolerance) -> Divergence | None:
     """Localize the first diverging module for ``case``; None when every recorded module matches."""
     inputs = make_inputs(loaded.inputs, case.sizes, case.values, case.seed)
@@ -196,7 +192,7 @@ def find(loaded: LoadedModel, onnx_path: str | Path, case: Case, tolerance: Tole
 
 def _runtime_failure(message: str, producer: dict[str, onnx.NodeProto], scope_of: dict[str, str | None],
                      modules: dict, case: Case) -> Divergence:
-    m = _NODE_IN_ERROR.search(message)
+    m = ORT_NODE_ERROR.search(" ".join(message.split()))
     op, node_name = (m.group(1), m.group(2)) if m else (None, None)
     scope = None
     for out, node in producer.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -218,13 +219,14 @@ def _prove_dims(loaded: LoadedModel, dim_checks: tuple[DimCheck, ...], cases: li
     return tuple(proven)
 
 
+ORT_NODE_ERROR = re.compile(r"running (\w+) node\. Name:'([^']*)'(?: Status Message: (.*))?")
+
+
 def short_ort_error(message: str) -> str:
     """onnxruntime's error in one short line: the node and the reason, without source paths."""
-    import re
-
     text = " ".join(message.split())
-    m = re.search(r"running (\w+) node\. Name:'([^']*)' Status Message: (.*)", text)
-    if m:
+    m = ORT_NODE_ERROR.search(text)
+    if m and m.group(3):
         reason = m.group(3).split(" was false. ")[-1]
         reason = re.sub(r"/onnxruntime_src/\S+ ", "", reason)
         return f"{m.group(1)} node '{m.group(2)}': {reason}"[:240]
@@ -232,8 +234,6 @@ def short_ort_error(message: str) -> str:
 
 
 def _node_in(message: str) -> str | None:
-    import re
-
     m = re.search(r"node with name '([^']+)'", message)
     return m.group(1) if m else None
 
