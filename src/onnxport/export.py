@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import io
 import logging
@@ -19,12 +20,16 @@ from pathlib import Path
 import onnx
 import torch
 
+from . import controlflow
 from .diagnostics import Diagnostic, info, warning
 from .errors import ExportFailed, UsageError
 from .samples import export_sizes, make_inputs
 from .sources.base import LoadedModel
 
-EXPORTERS = ("dynamo", "torchscript")
+EXPORTERS = ("dynamo", "torchscript")  # the plain exporters, tried first
+CONTROL_FLOW = ("cond", "script")  # tried by auto when the plain ones fail or freeze a branch or loop
+CHOICES = ("auto", *EXPORTERS, *CONTROL_FLOW)
+BASE_EXPORTER = {"dynamo": "dynamo", "torchscript": "torchscript", "cond": "dynamo", "script": "torchscript"}
 MIN_OPSET = 17
 EXTERNAL_DATA_THRESHOLD = 2 * 1024**3
 
@@ -40,10 +45,17 @@ class Attempt:
     error: str | None = None
     detail: str | None = None
     guards: tuple[tuple[str, str, int], ...] = ()  # (guard expression, user file, line) from torch.export
+    frozen: str | None = None  # why a successful export is known to have fixed a branch, loop or dynamic dim
+    note: str | None = None  # what the strategy changed (e.g. the `if` rewritten as torch.cond)
 
     def to_dict(self) -> dict:
-        return {"exporter": self.exporter, "ok": self.ok, "seconds": round(self.seconds, 3), "opset": self.opset,
-                "error": self.error}
+        out = {"exporter": self.exporter, "ok": self.ok, "seconds": round(self.seconds, 3), "opset": self.opset,
+               "error": self.error}
+        if self.frozen:
+            out["frozen"] = self.frozen
+        if self.note:
+            out["note"] = self.note
+        return out
 
 
 @dataclass(frozen=True)
@@ -60,7 +72,8 @@ class ExportResult:
 
     @property
     def guards(self) -> tuple[tuple[str, str, int], ...]:
-        return self.attempts[-1].guards if self.attempts else ()
+        """Shape guards from every attempt (a failed or frozen one names the thresholds of the branches)."""
+        return tuple(dict.fromkeys(g for a in self.attempts for g in a.guards))
 
 
 # --------------------------------------------------------------------------- opsets
@@ -115,7 +128,7 @@ def _dim_objects(loaded: LoadedModel) -> tuple:
     return tuple(shapes)
 
 
-def _export_dynamo(loaded: LoadedModel, path: Path, opset: int, external: bool) -> list[Diagnostic]:
+def _export_dynamo(loaded: LoadedModel, path: Path, opset: int, external: bool, lines=()) -> list[Diagnostic]:
     example = make_inputs(loaded.inputs, export_sizes(loaded.dims), seed=0)
     torch._logging.set_logs(dynamic=logging.INFO)  # guard log lines name the user code that fixed a shape
     try:
@@ -164,7 +177,7 @@ def narrowed_dims(loaded: LoadedModel, ep) -> list[Diagnostic]:
     return out
 
 
-def _export_torchscript(loaded: LoadedModel, path: Path, opset: int, external: bool) -> list[Diagnostic]:
+def _export_torchscript(loaded: LoadedModel, path: Path, opset: int, external: bool, lines=()) -> list[Diagnostic]:
     example = make_inputs(loaded.inputs, export_sizes(loaded.dims), seed=0)
     dynamic_axes: dict[str, dict[int, str]] = {}
     for spec in loaded.inputs:
@@ -206,7 +219,42 @@ def _output_axes(loaded: LoadedModel) -> dict[str, dict[int, str]]:
     return axes
 
 
-STRATEGIES = {"dynamo": _export_dynamo, "torchscript": _export_torchscript}
+class NotApplicable(Exception):
+    """A strategy that has nothing to do for this model (recorded, not an exporter failure)."""
+
+
+def _export_cond(loaded: LoadedModel, path: Path, opset: int, external: bool, lines=()) -> list[Diagnostic]:
+    """The dynamo exporter after rewriting the Python ``if`` statements that froze as ``torch.cond``."""
+    if not lines:
+        raise NotApplicable("no source line of a frozen or failing branch to rewrite")
+    flat, rewrites = controlflow.with_cond(loaded.flat, lines)
+    if not rewrites:
+        where = ", ".join(f"{Path(f).name}:{n}" for f, n in lines[:3])
+        raise NotApplicable(f"no `if` at {where} has a form torch.cond can take (both sides returning, or both "
+                            "assigning the same name)")
+    diags = _export_dynamo(dataclasses.replace(loaded, flat=flat, model=flat.model), path, opset, external)
+    return diags + [info("control-flow-kept", f"the `if` at {Path(r.file).name}:{r.line} (module "
+                         f"{r.module or 'the model'}) was exported as torch.cond: `{r.code}`", module=r.module or None,
+                         hint="write it this way in the model to export it without the rewrite") for r in rewrites]
+
+
+def _export_script(loaded: LoadedModel, path: Path, opset: int, external: bool, lines=()) -> list[Diagnostic]:
+    """The TorchScript exporter on the model with its control-flow modules compiled by torch.jit.script."""
+    try:
+        flat, tries = controlflow.with_script(loaded.flat, lines)
+    except ValueError as e:
+        raise NotApplicable(str(e)) from None
+    example = make_inputs(loaded.inputs, export_sizes(loaded.dims), seed=0)
+    # torch.jit.trace (not the exporter's own tracer) registers scripted submodules inside a traced wrapper
+    traced = torch.jit.trace(flat, example, check_trace=False, strict=False)
+    _export_torchscript(dataclasses.replace(loaded, flat=traced, model=flat.model), path, opset, external)
+    kept = [t.module or "the model" for t in tries if t.ok]
+    return [info("control-flow-kept", f"scripted {', '.join(kept)} with torch.jit.script: its if/for/while are "
+                 "ONNX If/Loop", module=kept[0] if kept[0] != "the model" else None)]
+
+
+STRATEGIES = {"dynamo": _export_dynamo, "torchscript": _export_torchscript, "cond": _export_cond,
+              "script": _export_script}
 
 
 # --------------------------------------------------------------------------- files
@@ -308,13 +356,19 @@ def _first_line(exc: BaseException) -> str:
 
 def export(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", opset: int | None = None,
            external_data_threshold: int | None = None) -> ExportResult:
-    """Export ``loaded`` to ``path``, trying the dynamo exporter then the TorchScript exporter (``auto``)."""
+    """Export ``loaded`` to ``path``.
+
+    ``auto`` tries the dynamo exporter, then the TorchScript exporter; when both fail, or the one that worked
+    is caught freezing a branch, a loop or a dynamic dim, it goes on with the control-flow strategies (``cond``:
+    the ``if`` as torch.cond, ``script``: torch.jit.script of the modules holding control flow) and keeps the
+    first export that froze nothing (else the first that worked, for parity to judge).
+    """
     path = Path(path)
-    if exporter not in ("auto", *EXPORTERS):
-        raise UsageError(f"unknown exporter '{exporter}'", "use auto, dynamo or torchscript")
-    order = list(EXPORTERS) if exporter == "auto" else [exporter]
+    if exporter not in CHOICES:
+        raise UsageError(f"unknown exporter '{exporter}'", f"use one of {', '.join(CHOICES)}")
+    order = [*EXPORTERS, *CONTROL_FLOW] if exporter == "auto" else [exporter]
     if opset is not None:
-        newest = max(exporter_max_opset(e) for e in order)
+        newest = max(exporter_max_opset(BASE_EXPORTER[e]) for e in order)
         newest = min(newest, onnxruntime_max_opset())
         if opset < 7 or opset > newest:
             raise UsageError(f"opset {opset} is not supported here (newest usable: {newest})",
@@ -325,38 +379,122 @@ def export(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", ops
     size = sum(t.numel() * t.element_size() for t in loaded.flat.state_dict().values())
     external = size > threshold
     attempts: list[Attempt] = []
-    diags: list[Diagnostic] = []
+    done: list[tuple[Attempt, Path, list[Diagnostic]]] = []  # successful attempts with their files
+    failed_diags: list[Diagnostic] = []
     t_all = time.perf_counter()
     path.parent.mkdir(parents=True, exist_ok=True)
-    for name in order:
-        use_opset = min(opset, exporter_max_opset(name)) if opset else default_opset(name)
-        for stale in (path, path.with_name(path.name + ".data")):
-            stale.unlink(missing_ok=True)
-        t0 = time.perf_counter()
-        chatter: list[str] = []
-        try:
-            with warnings.catch_warnings(record=True) as caught, captured_output(chatter):
-                warnings.simplefilter("always")
-                narrowed = STRATEGIES[name](loaded, path, use_opset, external)
-            diags.extend(_tracer_warnings(caught))
-            diags.extend(narrowed or [])
-            written = onnx.load(str(path), load_external_data=False)
+    for stale in (path, path.with_name(path.name + ".data")):
+        stale.unlink(missing_ok=True)
+    try:
+        for name in order:
+            if done and (name in EXPORTERS or not done[0][0].frozen):
+                if exporter == "auto" and name in EXPORTERS:
+                    continue  # one plain export is enough: the other would freeze the same way
+                break
+            if any(a.ok and not a.frozen for a, _, _ in done):
+                break
+            base = BASE_EXPORTER[name]
+            use_opset = min(opset, exporter_max_opset(base)) if opset else default_opset(base)
+            target = path.with_name(f".{name}-{path.name}")
+            lines = evidence_lines(attempts, [d for _, _, ds in done for d in ds] + failed_diags, loaded,
+                                   explicit=exporter == name)
+            t0 = time.perf_counter()
+            chatter: list[str] = []
+            try:
+                with warnings.catch_warnings(record=True) as caught, captured_output(chatter):
+                    warnings.simplefilter("always")
+                    made = STRATEGIES[name](loaded, target, use_opset, external, lines)
+            except NotApplicable as e:
+                attempts.append(Attempt(name, False, time.perf_counter() - t0, use_opset, f"not applicable: {e}"))
+                continue
+            except Exception as e:  # noqa: BLE001 - every failure is recorded and the next strategy tried
+                detail = ("".join(traceback.format_exception_only(type(e), e))[-6000:] + "\n"
+                          + "".join(chatter)[-6000:])
+                attempts.append(Attempt(name, False, time.perf_counter() - t0, use_opset, _first_line(e), detail,
+                                        parse_guards(chatter)))
+                failed_diags.extend(_tracer_warnings(caught))
+                continue
+            diags = _tracer_warnings(caught) + list(made or [])
+            written = onnx.load(str(target), load_external_data=False)
             actual = next((o.version for o in written.opset_import if o.domain in ("", "ai.onnx")), use_opset)
-            attempts.append(Attempt(name, True, time.perf_counter() - t0, actual, guards=parse_guards(chatter)))
-            return ExportResult(path, name, actual, time.perf_counter() - t_all, tuple(attempts), external,
-                                tuple(diags))
-        except Exception as e:  # noqa: BLE001 - every failure is recorded and the next exporter tried
-            detail = ("".join(traceback.format_exception_only(type(e), e))[-6000:] + "\n"
-                      + "".join(chatter)[-6000:])
-            attempts.append(Attempt(name, False, time.perf_counter() - t0, use_opset, _first_line(e), detail,
-                                    parse_guards(chatter)))
-    summary = "; ".join(f"{a.exporter}: {a.error}" for a in attempts)
-    err = ExportFailed(f"no exporter could export the model ({summary})",
-                       "see the attempts in report.json; try --exporter torchscript or dynamo, or another --opset",
-                       code="export-failed")
-    err.attempts = tuple(attempts)  # type: ignore[attr-defined]
-    err.diagnostics = tuple(diags)  # type: ignore[attr-defined]
-    raise err
+            guards = parse_guards(chatter)
+            frozen = frozen_reason(loaded, written, diags, guards)
+            note = "; ".join(d.message for d in diags if d.code == "control-flow-kept") or None
+            attempt = Attempt(name, True, time.perf_counter() - t0, actual, guards=guards, frozen=frozen, note=note)
+            attempts.append(attempt)
+            done.append((attempt, target, diags))
+        if not done:
+            summary = "; ".join(f"{a.exporter}: {a.error}" for a in attempts
+                                if not (a.error or "").startswith("not applicable"))
+            err = ExportFailed(f"no exporter could export the model ({summary})",
+                               "see the attempts in report.json; try --exporter torchscript or dynamo, or another "
+                               "--opset", code="export-failed")
+            err.attempts = tuple(attempts)  # type: ignore[attr-defined]
+            err.diagnostics = tuple(failed_diags)  # type: ignore[attr-defined]
+            raise err
+        chosen = next((d for d in done if not d[0].frozen), done[0])
+        move_model(chosen[1], path)
+        diags = list(chosen[2])
+        for a, _, ds in done:  # what other attempts saw is history: keep it, as info
+            if a is not chosen[0]:
+                diags += [dataclasses.replace(d, severity="info", message=f"{a.exporter} attempt: {d.message}")
+                          for d in ds if d.code != "control-flow-kept"]
+        return ExportResult(path, chosen[0].exporter, chosen[0].opset, time.perf_counter() - t_all,
+                            tuple(attempts), external, tuple(diags))
+    finally:
+        for name in order:
+            tmp = path.with_name(f".{name}-{path.name}")
+            for leftover in (tmp, tmp.with_name(tmp.name + ".data")):
+                leftover.unlink(missing_ok=True)
+
+
+def evidence_lines(attempts: list[Attempt], diags: list[Diagnostic], loaded: LoadedModel,
+                   explicit: bool = False) -> list[tuple[str, int]]:
+    """User source lines where earlier attempts froze or failed on control flow: shape guards, tracer
+    warnings and the line an exporter error points at. With ``explicit`` (the user chose a control-flow
+    strategy) and no evidence, every ``if`` of the model's own code."""
+    from .diagnose import _user_line
+
+    lines: list[tuple[str, int]] = []
+    for a in attempts:
+        lines += [(file, line) for _, file, line in a.guards]
+        if not a.ok and a.detail and (loc := _user_line(a.detail)):
+            lines.append(loc)
+    for d in diags:
+        if d.code == "tracer-warning" and d.severity == "warning" and d.module and ":" in d.module:
+            file, _, line = d.module.rpartition(":")
+            if line.isdigit():
+                lines.append((file, int(line)))
+    if not lines and explicit:
+        lines = controlflow.if_lines(loaded.model)
+    return list(dict.fromkeys(lines))
+
+
+def frozen_reason(loaded: LoadedModel, model: onnx.ModelProto, diags: list[Diagnostic],
+                  guards: tuple[tuple[str, str, int], ...]) -> str | None:
+    """Why an export that worked is known to have fixed a path: a narrowed or fixed dynamic dim, or a tensor
+    turned into a Python value while tracing user code. None when nothing says so."""
+    for d in diags:
+        if d.code == "dynamic-dim-narrowed":
+            return d.message.split(":")[0]
+    for d in diags:
+        if d.code == "tracer-warning" and d.severity == "warning":
+            return f"tracing turned a tensor into a Python value at {d.message.split(': ')[0]}"
+    fixed = []
+    by_name = {i.name: i for i in model.graph.input}
+    for spec in loaded.inputs:
+        value = by_name.get(spec.name)
+        if value is None:
+            continue
+        for axis, sym in enumerate(spec.shape):
+            dims = value.type.tensor_type.shape.dim
+            if isinstance(sym, str) and sym in loaded.dims and loaded.dims[sym].min != loaded.dims[sym].max \
+                    and axis < len(dims) and dims[axis].HasField("dim_value") and sym not in fixed:
+                fixed.append(sym)
+    if fixed:
+        where = next((f" by `{e}` at {Path(f).name}:{n}" for e, f, n in guards if e.startswith("Eq(")), "")
+        return f"dynamic dim {', '.join(fixed)} came out fixed{where}"
+    return None
 
 
 _GUARD = re.compile(r"eval (?!\[guard suppressed\])(.+?) \[guard added\] \((.+?):(\d+) in \w+\)")
