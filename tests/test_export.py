@@ -47,13 +47,16 @@ def test_torchscript_export_names_nested_outputs_and_their_dynamic_axes(tmp_path
     assert par.passed and all(d.proven for d in par.dynamic_dims)
 
 
-def test_auto_falls_back_to_torchscript_and_records_both_attempts(tmp_path):
+def test_auto_goes_past_a_frozen_trace_and_records_every_attempt(tmp_path):
     lm = load_model(f"{MODELS}:NeedsItem", inputs=["x:float32[batch,4]"])
     res = export(lm, tmp_path / "m.onnx")
-    assert [a.exporter for a in res.attempts] == ["dynamo", "torchscript"]
+    assert [a.exporter for a in res.attempts] == ["dynamo", "torchscript", "cond", "script"]
     assert not res.attempts[0].ok and res.attempts[0].error and res.attempts[0].seconds > 0
-    assert res.attempts[1].ok and res.exporter == "torchscript"
+    assert res.attempts[1].ok and "models.py:55" in res.attempts[1].frozen
+    assert not res.attempts[2].ok and res.attempts[2].error  # torch.cond cannot take an .item() predicate
+    assert res.attempts[3].ok and not res.attempts[3].frozen and res.exporter == "script"
     assert any(d.code == "tracer-warning" and "models.py" in d.message for d in res.diagnostics)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]  # the other attempts' files are gone
 
 
 def test_export_failure_raises_with_all_attempts(tmp_path):
@@ -64,8 +67,10 @@ def test_export_failure_raises_with_all_attempts(tmp_path):
     with pytest.raises(ExportFailed) as info:
         export(lm, tmp_path / "m.onnx")
     assert info.value.exit_code == 3
-    assert [a.exporter for a in info.value.attempts] == ["dynamo", "torchscript"]
+    assert [a.exporter for a in info.value.attempts] == ["dynamo", "torchscript", "cond", "script"]
     assert "eig" in info.value.attempts[1].error
+    assert all(a.error.startswith("not applicable") for a in info.value.attempts[2:])  # no if/for/while to keep
+    assert "cond:" not in info.value.message
 
 
 def test_external_data_above_threshold(tmp_path):

@@ -27,27 +27,35 @@ def _diag(rep: dict, code: str) -> dict:
 
 
 def test_branch_on_tensor_values_in_a_submodule_is_named(tmp_path):
-    rep = _export(tmp_path, f"{TRAPS}:ValueBranch", ["x:float32[batch,4]"])
+    rep = _export(tmp_path, f"{TRAPS}:ValueBranch", ["x:float32[batch,4]"], exporter="torchscript")
     assert rep["status"] == "validation_failed"
-    assert _diag(rep, "data-dependent-control-flow")["module"] == "gate"
-    assert "traps.py:11" in _diag(rep, "data-dependent-control-flow")["message"]
     assert _diag(rep, "frozen-branch")["module"] == "gate"
+    assert "traps.py:11" in _diag(rep, "tracer-warning")["message"]
     assert rep["validation"]["divergence"]["module"] == "gate"
     assert not (tmp_path / "out" / "model.onnx").exists()
 
 
+def test_branch_on_tensor_values_is_kept_by_auto(tmp_path):
+    rep = _export(tmp_path, f"{TRAPS}:ValueBranch", ["x:float32[batch,4]"])
+    assert rep["status"] == "ok" and rep["export"]["exporter"] == "cond"
+    assert _diag(rep, "data-dependent-control-flow")["module"] == "gate"  # why dynamo alone failed
+    assert "traps.py:11" in _diag(rep, "data-dependent-control-flow")["message"]
+    [site] = rep["validation"]["branches"]
+    assert site["op"] == "If" and site["module"] == "gate" and site["covered"]
+
+
 def test_branch_on_a_shape_is_caught_on_both_sides(tmp_path):
-    rep = _export(tmp_path, f"{TRAPS}:ShapeBranch", ["x:float32[batch,seq,4]"], ["seq=1..32"])
+    rep = _export(tmp_path, f"{TRAPS}:ShapeBranch", ["x:float32[batch,seq,4]"], ["seq=1..32"], exporter="dynamo")
     assert rep["status"] == "validation_failed"
     narrowed = _diag(rep, "dynamic-dim-narrowed")
     assert "seq in 9..32" in narrowed["message"] and "traps.py:35" in narrowed["message"]
     assert rep["validation"]["divergence"]["module"] == "ShapeBranch (the model's own forward)"
     failing = [c for c in rep["validation"]["cases"] if not c["passed"]]
-    assert all(c["sizes"]["seq"] <= 8 for c in failing)
+    assert failing and all(c["sizes"]["seq"] <= 8 for c in failing)
 
 
 def test_python_loop_over_a_dynamic_dim_names_the_dim_and_line(tmp_path):
-    rep = _export(tmp_path, f"{TRAPS}:LoopOverDim", ["x:float32[batch,seq,4]"], ["seq=1..32"])
+    rep = _export(tmp_path, f"{TRAPS}:LoopOverDim", ["x:float32[batch,seq,4]"], ["seq=1..32"], exporter="dynamo")
     assert rep["status"] == "validation_failed"
     fixed = _diag(rep, "dynamic-dim-fixed")
     assert "'seq'" in fixed["message"] and "traps.py:47" in fixed["message"]

@@ -12,7 +12,7 @@ from typing import Any
 
 import onnx
 
-from . import __version__, diagnose, environment, localize, report
+from . import __version__, branches, diagnose, environment, localize, report
 from .check import CheckResult, check
 from .diagnostics import Diagnostic, error
 from .errors import ExportFailed, UsageError
@@ -147,6 +147,7 @@ def _run_stages(loaded: LoadedModel, out: Path, work: Path, *, exporter: str, op
     timings["export"] = time.perf_counter() - t
     diags.extend(diagnose.explain_attempts(result.attempts, loaded, failed=False))
     diags.extend(result.diagnostics)
+    diags.extend(diagnose.lost_control_flow(result, loaded))
     return _prove(loaded, result, out, diags, tolerance=tolerance, command=command, progress=progress,
                   timings=timings, move_to_out=True, bench=bench, variants=variants)
 
@@ -165,7 +166,10 @@ def _prove(loaded: LoadedModel, result: ExportResult, out: Path, diags: list[Dia
     t = time.perf_counter()
     cases = validation_cases(loaded.dims)
     diags.extend(diagnose.runtime_traps(loaded, cases[0]))
+    extra, sites = branches.cover(loaded, result.path, cases, result.guards)
+    cases += extra
     parity = compare(loaded, result.path, cases=cases, tolerance=tolerance, dim_checks=checked.dynamic_dims)
+    diags.extend(diagnose.unreached_branches(sites, loaded))
     timings["parity"] = time.perf_counter() - t
     diags.extend(parity.diagnostics)
     divergence = None
@@ -178,6 +182,8 @@ def _prove(loaded: LoadedModel, result: ExportResult, out: Path, diags: list[Dia
         if divergence is not None:
             diags.append(diagnose.explain_divergence(divergence, loaded, diags))
     rep = build_report(loaded, result, checked, parity, diags, timings, command)
+    if rep["validation"] is not None:
+        rep["validation"]["branches"] = [s.to_dict() for s in sites]
     if divergence is not None:
         rep["validation"]["divergence"] = divergence.to_dict()
         rep["validation"]["divergence"]["module"] = diagnose.label(loaded, divergence.module)

@@ -289,3 +289,85 @@ def explain_divergence(div: Divergence, loaded: LoadedModel, diags: Sequence[Dia
                  module=mod, node=div.node,
                  hint="every module before this one matches; look at this module's ops (and the node named) for a "
                       "wrong export, a changed weight or an operator with different semantics in ONNX")
+
+
+# --------------------------------------------------------------------------- control flow
+
+
+def unreached_branches(sites, loaded: LoadedModel) -> list[Diagnostic]:
+    """A warning for each If side or Loop the proof could not reach with any case it tried."""
+    out = []
+    for s in sites:
+        if s.covered:
+            continue
+        seen = ", ".join(f"{k} on '{v}'" for k, v in s.seen.items()) or "never run"
+        what = "only one side" if s.op == "If" else "only one trip count"
+        out.append(warning(
+            "branch-unreached",
+            f"ONNX {s.op} {s.node} (module {label(loaded, s.module) or '?'}) was exercised on {what} ({seen}): the "
+            "other is kept in the graph but not proven against PyTorch",
+            module=label(loaded, s.module), node=s.node,
+            hint="run `onnxport compare` with inputs that take the other path (e.g. --dim sizes across the "
+                 "threshold, values of the other sign) to prove it too",
+        ))
+    return out
+
+
+_LINE_FIXES = [
+    (re.compile(r"\.(item|tolist)\(\)"), "keep the value a tensor (drop .{0}()): an exporter can only carry "
+     "tensors, a Python number is baked in as the example's value"),
+    (re.compile(r"\bnonzero\b|\[[^\]]*[<>]=?[^\]]*\]"), "its size depends on the values; use a fixed-size form "
+     "(a mask multiplied in, torch.where) instead of selecting elements"),
+]
+
+
+def _source_line(file: str, line: int) -> str:
+    try:
+        return Path(file).read_text().splitlines()[line - 1].strip()
+    except (OSError, IndexError):
+        return ""
+
+
+def _smallest_change(file: str, line: int, script_refusal: str | None) -> str:
+    """The code change at ``file:line`` that would let the control flow export."""
+    code = _source_line(file, line)
+    where = f"{Path(file).name}:{line}" + (f" `{code}`" if code else "")
+    refused = f"; torch.jit.script refused the module: {script_refusal}" if script_refusal else ""
+    for rx, fix in _LINE_FIXES:
+        m = rx.search(code)
+        if m:
+            return f"at {where}: " + fix.format(m.group(1) if m.groups() else "") + refused
+    if code.startswith(("for ", "while ")):
+        return (f"at {where}: loop a fixed maximum number of times and mask the extra steps "
+                f"(`h = torch.where(i < steps, step(h), h)` with `steps` a tensor){refused}")
+    if code.startswith("if "):
+        return (f"at {where}: compute both sides and pick with torch.where, or write the branch as "
+                f"torch.cond(pred, true_fn, false_fn, operands){refused}")
+    return f"at {where}: express this with tensor ops so no Python value is taken from a tensor{refused}"
+
+
+def lost_control_flow(result, loaded: LoadedModel) -> list[Diagnostic]:
+    """When the kept export froze a branch, loop or dim (no strategy kept it): where, and the smallest change."""
+    from .export import evidence_lines
+
+    chosen = next((a for a in result.attempts if a.ok and a.exporter == result.exporter), None)
+    if chosen is None or not chosen.frozen:
+        return []
+    tried = [a for a in result.attempts if a.exporter in ("cond", "script")]
+    lines = evidence_lines(list(result.attempts), [d for d in result.diagnostics if d.code == "tracer-warning"],
+                           loaded)
+    script = next((a for a in tried if a.exporter == "script" and not a.ok), None)
+    refusal = None
+    if script and script.error and "could not compile" in script.error:
+        refusal = script.error.split("control flow: ", 1)[-1]
+    file, line = lines[0] if lines else (None, None)
+    module = module_at(loaded.model, file, line) if file else None
+    strategies = ", ".join(f"{a.exporter} ({(a.error or 'froze it')[:120]})" for a in tried) or "none applied"
+    return [warning(
+        "control-flow-frozen",
+        f"no export strategy kept the control flow{f' at {Path(file).name}:{line}' if file else ''}: the "
+        f"{chosen.exporter} export {chosen.frozen}; tried {strategies}",
+        module=label(loaded, module),
+        hint=_smallest_change(file, line, refusal) if file else
+        "rewrite the branch or loop with tensor ops (torch.where, masking) or torch.cond",
+    )]

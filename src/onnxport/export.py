@@ -415,10 +415,16 @@ def export(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", ops
                 failed_diags.extend(_tracer_warnings(caught))
                 continue
             diags = _tracer_warnings(caught) + list(made or [])
+            if name in CONTROL_FLOW and (refused := _ort_refuses(target)):
+                attempts.append(Attempt(name, False, time.perf_counter() - t0, use_opset,
+                                        f"onnxruntime cannot load the result: {refused}"))
+                continue
             written = onnx.load(str(target), load_external_data=False)
             actual = next((o.version for o in written.opset_import if o.domain in ("", "ai.onnx")), use_opset)
             guards = parse_guards(chatter)
             frozen = frozen_reason(loaded, written, diags, guards)
+            if not frozen and name == "torchscript":
+                frozen = _data_dependent_before(attempts)
             note = "; ".join(d.message for d in diags if d.code == "control-flow-kept") or None
             attempt = Attempt(name, True, time.perf_counter() - t0, actual, guards=guards, frozen=frozen, note=note)
             attempts.append(attempt)
@@ -446,6 +452,30 @@ def export(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", ops
             tmp = path.with_name(f".{name}-{path.name}")
             for leftover in (tmp, tmp.with_name(tmp.name + ".data")):
                 leftover.unlink(missing_ok=True)
+
+
+def _ort_refuses(path: Path) -> str | None:
+    """Why onnxruntime refuses to load ``path`` (None when it loads). The TorchScript exporter can write Loop
+    bodies with inconsistent types; such a file is no better than a failed export."""
+    from .runtime import session
+
+    try:
+        session(path, opt_level="disable")
+    except Exception as e:  # noqa: BLE001 - any refusal is the answer
+        return str(getattr(e, "message", e)).split("failed:")[-1].strip()[:300]
+    return None
+
+
+def _data_dependent_before(attempts: list[Attempt]) -> str | None:
+    """A trace taken after the dynamo exporter met control flow on tensor values has frozen that flow."""
+    from .diagnose import _DATA_DEPENDENT, _user_line
+
+    for a in attempts:
+        if a.exporter == "dynamo" and not a.ok and a.detail and _DATA_DEPENDENT.search(a.detail):
+            loc = _user_line(a.detail)
+            where = f" at {Path(loc[0]).name}:{loc[1]}" if loc else ""
+            return f"traced past control flow on tensor values{where} (the dynamo exporter stopped there)"
+    return None
 
 
 def evidence_lines(attempts: list[Attempt], diags: list[Diagnostic], loaded: LoadedModel,

@@ -22,7 +22,7 @@ class Case:
 
     label: str
     sizes: dict[str, int]
-    values: str = "random"  # "random" | "edge"
+    values: str = "random"  # "random" | "edge" | "scaled:FACTOR" (floats times FACTOR)
     seed: int = 0
 
 
@@ -57,6 +57,8 @@ def make_inputs(specs: tuple[InputSpec, ...], sizes: dict[str, int], values: str
             t = t.to(dtype)
         else:
             t = torch.randn(shape, generator=g, dtype=torch.float32)
+            if values.startswith("scaled:"):  # e.g. "scaled:-10": to reach the other side of a value test
+                t = t * float(values.split(":", 1)[1])
             if values == "edge" and t.dim() and t.shape[0] > 0:
                 t = t * 3.0
                 t[0] = 0.0
