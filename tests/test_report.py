@@ -209,3 +209,25 @@ def test_render_markdown_without_diagnostics_has_no_section():
     r = copy.deepcopy(_ok_report())
     r["diagnostics"] = []
     assert "**Diagnostics**" not in report.render_markdown(r)
+
+
+def test_branch_coverage_and_frozen_attempts_render():
+    from onnxport.report.html import render_html
+
+    r = _ok_report()
+    r["export"]["attempts"] = [
+        {"exporter": "dynamo", "ok": True, "seconds": 1.0, "opset": 23, "error": None,
+         "frozen": "torch.export assumed seq in 9..32 (declared 1..32)"},
+        {"exporter": "cond", "ok": True, "seconds": 1.0, "opset": 23, "error": None,
+         "note": "the `if` at m.py:3 was exported as torch.cond"}]
+    r["validation"]["branches"] = [
+        {"node": "node_cond__0", "op": "If", "module": "gate", "covered": True,
+         "sides": {"true": "export", "false": "branch: values x-10 at export sizes"}},
+        {"node": "/model/Loop", "op": "Loop", "module": "", "covered": False, "trip_counts": {"16": "export"}}]
+    report.validate(r)
+    md = report.render_markdown(r)
+    assert "| If `node_cond__0` | gate | true: export, false: branch: values x-10 at export sizes | ✅ |" in md
+    assert "| Loop `/model/Loop` | – | 16: export | ⚠️ |" in md
+    html = render_html(r)
+    assert "Control flow exercised" in html and "16 iterations: export" in html
+    assert "torch.export assumed seq in 9..32" in html and "exported as torch.cond" in html

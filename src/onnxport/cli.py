@@ -66,7 +66,9 @@ OutOpt = Annotated[Path, typer.Option("--out", "-o", help="output folder")]
 ArgsOpt = Annotated[str | None, typer.Option("--model-args", help="JSON object of constructor arguments")]
 WeightsOpt = Annotated[str | None, typer.Option("--weights", help="state_dict (.pt/.pth) or .safetensors")]
 TaskOpt = Annotated[str | None, typer.Option("--task", help="Hugging Face task, e.g. text-classification")]
-ExporterOpt = Annotated[str, typer.Option("--exporter", help="auto | dynamo | torchscript")]
+ExporterOpt = Annotated[str, typer.Option(
+    "--exporter", help="auto | dynamo | torchscript | cond | script (auto: dynamo, torchscript, then the control-flow "
+    "strategies when those fail or freeze a branch)")]
 OpsetOpt = Annotated[int | None, typer.Option("--opset", help="ONNX opset (default: newest supported, >= 17)")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the report as JSON on stdout")]
@@ -357,11 +359,16 @@ def print_report(rep: dict, out: Path) -> None:
     m = rep["model"]
     err.print(f"  model     {m['name']} ({m['kind']}) · {m['parameters']:,} parameters")
     exp = rep["export"]
-    tries = ", ".join(f"{a['exporter']} {'✔' if a['ok'] else '✘'} {a['seconds']:.1f}s" for a in exp["attempts"])
+    def mark(a: dict) -> str:
+        if (a["error"] or "").startswith("not applicable"):
+            return f"{a['exporter']} –"
+        return f"{a['exporter']} {('✔ froze' if a.get('frozen') else '✔') if a['ok'] else '✘'} {a['seconds']:.1f}s"
+
+    tries = ", ".join(mark(a) for a in exp["attempts"])
     err.print(f"  export    {exp['exporter'] or '-'} · opset {exp['opset'] or '-'} · attempts: {tries}")
     for a in exp["attempts"]:
-        if a["error"]:
-            err.print(f"            [dim]{a['exporter']}: {escape(a['error'])}[/]", markup=True)
+        if a["error"] or a.get("frozen"):
+            err.print(f"            [dim]{a['exporter']}: {escape(a['error'] or a['frozen'])}[/]", markup=True)
     if rep["check"]:
         c = rep["check"]
         err.print(f"  file      {out / exp['path'] if exp.get('path') else '-'}")
@@ -390,6 +397,13 @@ def print_report(rep: dict, out: Path) -> None:
             fr = "-" if c["max_rel_err"] is None else f"{c['max_rel_err']:.2e}"
             t.add_row(c.get("label", ""), shapes, fa, fr, Text.from_markup(mark))
         err.print(t)
+        for b in val.get("branches") or []:
+            seen = b.get("sides") or {f"{k} iterations": v for k, v in (b.get("trip_counts") or {}).items()}
+            what = "; ".join(f"{k} on '{v}'" for k, v in seen.items() if v)
+            ok = "[green]both sides[/]" if b["op"] == "If" else "[green]several trip counts[/]"
+            ok = ok if b["covered"] else "[yellow]partly[/]"
+            err.print(f"  {b['op']:<9} {escape(b['node'])} ({escape(b.get('module') or 'model')}) {ok}: {escape(what)}",
+                      markup=True)
     if rep.get("variants"):
         t = Table(title="variants (each re-proven against PyTorch)")
         for col in ("variant", "nodes", "MB", "max abs err", "metric", "p50 ms b1", "speedup", "verdict"):

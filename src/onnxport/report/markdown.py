@@ -39,6 +39,14 @@ def render_markdown(report: dict) -> str:
             lines.append(f"| {c.get('label', '')} | {shapes} | {_fmt(c['max_abs_err'])} | "
                          f"{'✅' if c['passed'] else '❌ ' + (c.get('error') or '')} |")
         lines.append("")
+        if val.get("branches"):
+            lines += ["| control flow | module | exercised | covered |", "|---|---|---|---|"]
+            for b in val["branches"]:
+                seen = b.get("sides") or b.get("trip_counts") or {}
+                what = ", ".join(f"{k}: {v}" for k, v in seen.items() if v)
+                lines.append(f"| {b['op']} `{b['node']}` | {b.get('module') or '–'} | {what} | "
+                             f"{'✅' if b['covered'] else '⚠️'} |")
+            lines.append("")
     if report.get("diagnostics"):
         lines += ["**Diagnostics**", ""]
         for d in report["diagnostics"]:
