@@ -39,6 +39,7 @@ def test_branch_on_tensor_values_is_kept_by_auto(tmp_path):
     rep = _export(tmp_path, f"{TRAPS}:ValueBranch", ["x:float32[batch,4]"])
     assert rep["status"] == "ok" and rep["export"]["exporter"] == "cond"
     assert _diag(rep, "data-dependent-control-flow")["module"] == "gate"  # why dynamo alone failed
+    assert _diag(rep, "data-dependent-control-flow")["severity"] == "info"  # and the cond strategy kept it
     assert "traps.py:11" in _diag(rep, "data-dependent-control-flow")["message"]
     [site] = rep["validation"]["branches"]
     assert site["op"] == "If" and site["module"] == "gate" and site["covered"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import shutil
 import tempfile
@@ -16,7 +17,7 @@ from . import __version__, branches, diagnose, environment, localize, report
 from .check import CheckResult, check
 from .diagnostics import Diagnostic, error
 from .errors import ExportFailed, UsageError
-from .export import ExportResult, external_data_files, move_model
+from .export import CONTROL_FLOW, ExportResult, external_data_files, move_model
 from .export import export as run_export
 from .parity import FP32, ParityResult, Tolerance, compare
 from .samples import validation_cases
@@ -145,7 +146,11 @@ def _run_stages(loaded: LoadedModel, out: Path, work: Path, *, exporter: str, op
         report.write_all(rep, out)
         return rep
     timings["export"] = time.perf_counter() - t
-    diags.extend(diagnose.explain_attempts(result.attempts, loaded, failed=False))
+    explained = diagnose.explain_attempts(result.attempts, loaded, failed=False)
+    kept = next((a for a in result.attempts if a.ok and a.exporter == result.exporter and not a.frozen), None)
+    if kept is not None and kept.exporter in CONTROL_FLOW:  # a strategy kept what the plain exporters could not
+        explained = [dataclasses.replace(d, severity="info") for d in explained]
+    diags.extend(explained)
     diags.extend(result.diagnostics)
     diags.extend(diagnose.lost_control_flow(result, loaded))
     return _prove(loaded, result, out, diags, tolerance=tolerance, command=command, progress=progress,
