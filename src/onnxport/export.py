@@ -19,6 +19,7 @@ from pathlib import Path
 import onnx
 import torch
 
+from . import custom_ops
 from .diagnostics import Diagnostic, info, warning
 from .errors import ExportFailed, UsageError
 from .samples import export_sizes, make_inputs
@@ -117,13 +118,16 @@ def _dim_objects(loaded: LoadedModel) -> tuple:
 
 def _export_dynamo(loaded: LoadedModel, path: Path, opset: int, external: bool) -> list[Diagnostic]:
     example = make_inputs(loaded.inputs, export_sizes(loaded.dims), seed=0)
+    customs = custom_ops.discover_loaded(loaded)  # autograd.Functions with symbolic(): opaque ops + translations
     torch._logging.set_logs(dynamic=logging.INFO)  # guard log lines name the user code that fixed a shape
     try:
-        program = torch.onnx.export(
-            loaded.flat, example, dynamo=True, dynamic_shapes=_dim_objects(loaded),
-            input_names=[s.name for s in loaded.inputs], output_names=list(loaded.output_names),
-            opset_version=opset, optimize=True, verbose=False,
-        )
+        with custom_ops.opaque(customs):
+            program = torch.onnx.export(
+                loaded.flat, example, dynamo=True, dynamic_shapes=_dim_objects(loaded),
+                input_names=[s.name for s in loaded.inputs], output_names=list(loaded.output_names),
+                opset_version=opset, optimize=True, verbose=False,
+                custom_translation_table=custom_ops.translation_table(customs, opset) or None,
+            )
     finally:
         torch._logging.set_logs()
     program.save(str(path), external_data=external)
@@ -210,6 +214,12 @@ STRATEGIES = {"dynamo": _export_dynamo, "torchscript": _export_torchscript}
 
 
 # --------------------------------------------------------------------------- files
+
+
+def external_threshold() -> int:
+    """Weights above this many bytes go to external data (env ONNXPORT_EXTERNAL_DATA_THRESHOLD, default 2 GiB:
+    protobuf cannot hold more in one file)."""
+    return int(os.environ.get("ONNXPORT_EXTERNAL_DATA_THRESHOLD", EXTERNAL_DATA_THRESHOLD))
 
 
 def save_model(model: onnx.ModelProto, path: Path, external: bool) -> None:
@@ -319,9 +329,7 @@ def export(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", ops
         if opset < 7 or opset > newest:
             raise UsageError(f"opset {opset} is not supported here (newest usable: {newest})",
                              f"pick an opset between {MIN_OPSET} and {newest}, or leave --opset out")
-    threshold = external_data_threshold
-    if threshold is None:
-        threshold = int(os.environ.get("ONNXPORT_EXTERNAL_DATA_THRESHOLD", EXTERNAL_DATA_THRESHOLD))
+    threshold = external_data_threshold if external_data_threshold is not None else external_threshold()
     size = sum(t.numel() * t.element_size() for t in loaded.flat.state_dict().values())
     external = size > threshold
     attempts: list[Attempt] = []
