@@ -8,6 +8,7 @@ import io
 import logging
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -228,6 +229,9 @@ def save_model(model: onnx.ModelProto, path: Path, external: bool) -> None:
     if external:
         onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=path.name + ".data", size_threshold=1024)
+        data = path.with_name(path.name + ".data")
+        if data.exists():  # onnx creates it owner-only; serving and Triton containers read it as another user
+            data.chmod(path.stat().st_mode & 0o777)
     else:
         onnx.save_model(model, str(path))
 
@@ -242,6 +246,38 @@ def external_data_files(path: Path) -> list[Path]:
                 if entry.key == "location":
                     locations.add(entry.value)
     return [path.parent / loc for loc in sorted(locations)]
+
+
+def _relocated(src: Path, new_loc: str) -> onnx.ModelProto:
+    """``src``'s graph (weights not loaded) with every external-data reference pointing at ``new_loc``."""
+    model = onnx.load(str(src), load_external_data=False)
+    for t in onnx.external_data_helper._get_all_tensors(model):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            for entry in t.external_data:
+                if entry.key == "location":
+                    entry.value = new_loc
+    return model
+
+
+def copy_model(src: Path, dst: Path) -> None:
+    """Copy an ONNX file and its external data (renamed to ``<dst>.data``); the weights are copied as bytes,
+    never loaded, so this works for models of any size."""
+    src, dst = Path(src), Path(dst)
+    data = external_data_files(src)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if not data:
+        shutil.copyfile(src, dst)
+        return
+    if len(data) != 1:
+        raise UsageError(f"{src} spreads its weights over {len(data)} external data files",
+                         "re-export it with onnxport (one .data file per model)")
+    if not data[0].is_file():
+        raise UsageError(f"{src.name} refers to external data {data[0].name}, which is missing",
+                         "keep the .data file beside the .onnx file")
+    shutil.copyfile(data[0], dst.parent / (dst.name + ".data"))
+    tmp = dst.with_name(dst.name + ".tmp")
+    onnx.save_model(_relocated(src, dst.name + ".data"), str(tmp))
+    os.replace(tmp, dst)
 
 
 def move_model(src: Path, dst: Path) -> None:

@@ -31,7 +31,7 @@ from .backends import OrtBackend, default_threads
 from .bench import bench_sizes, interleave, stats
 from .check import check
 from .errors import UsageError
-from .export import external_data_files, save_model
+from .export import copy_model, external_data_files, save_model
 from .parity import FP16, FP32, ParityResult, Tolerance, compare, input_mapping, run_torch
 from .runtime import session
 from .samples import Case, make_inputs, validation_cases
@@ -574,17 +574,18 @@ def sensitive_matmuls(loaded: LoadedModel, src: Path, refs: _Refs, case_indices:
             tensors = refs.inputs[idx]
             feeds = {mapping[s.name]: t.numpy() for s, t in zip(loaded.inputs, tensors) if s.name in mapping}
             runs.append(dict(zip(names, sess.run(None, feeds))))
-    cost: dict[str, float] = {}
-    for n in cands:
-        w = onnx.numpy_helper.to_array(inits[n.input[1]]).astype(np.float32)
-        if n.op_type == "Gemm" and any(a.name == "transB" and a.i for a in n.attribute):
-            w = w.T
-        for values in runs:
-            x = values.get(n.input[0])
-            if x is None or not np.issubdtype(np.asarray(x).dtype, np.floating) or not np.size(x):
-                continue
-            x2 = np.asarray(x, dtype=np.float32).reshape(-1, w.shape[0])
-            cost[n.name] = cost.get(n.name, 0.0) + _int8_error(x2, w)
+        del sess
+        cost: dict[str, float] = {}
+        for n in cands:  # saving with external data moved the weights to tmp: read them from there
+            w = onnx.numpy_helper.to_array(inits[n.input[1]], base_dir=tmp).astype(np.float32)
+            if n.op_type == "Gemm" and any(a.name == "transB" and a.i for a in n.attribute):
+                w = w.T
+            for values in runs:
+                x = values.get(n.input[0])
+                if x is None or not np.issubdtype(np.asarray(x).dtype, np.floating) or not np.size(x):
+                    continue
+                x2 = np.asarray(x, dtype=np.float32).reshape(-1, w.shape[0])
+                cost[n.name] = cost.get(n.name, 0.0) + _int8_error(x2, w)
     return sorted(cost, key=lambda k: -cost[k])
 
 
@@ -760,5 +761,4 @@ def _copy_model(src: Path, dst: Path) -> None:
     if not data:
         shutil.copyfile(src, dst)
         return
-    model = onnx.load(str(src))
-    save_model(model, dst, external=True)
+    copy_model(src, dst)  # bytes copied, weights never loaded (models over 2 GB)
