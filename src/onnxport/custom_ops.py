@@ -382,6 +382,8 @@ def translation_table(functions: Sequence[CustomFunction], opset: int) -> dict:
 
 _LIBRARIES: list[Path] = []
 _PY_OPS: dict[tuple[str, str], Callable] = {}  # (domain, op_type) -> python function (through onnxruntime-extensions)
+_ORTX_REGISTERED: dict[str, tuple] = {}  # op_type -> (domain, inputs, outputs) as registered with onnxruntime-extensions
+_ORTX_USED = False  # a session has loaded onnxruntime-extensions' ops: registering new ones then crashes at teardown
 
 
 def add_library(path: str | Path) -> Path:
@@ -457,12 +459,26 @@ def ort_python_op(name: str, *, inputs: Sequence[str] = ("float32",), outputs: S
             raise UsageError(f"ort_python_op('{name}'): unsupported type {e}",
                              f"inputs/outputs: {', '.join(_ORTX_TYPES)}; attributes: float, int, str") from None
 
-        def body(*arrays, **kw):
-            out = func(*arrays, **kw)
-            return tuple(np.ascontiguousarray(o) for o in out) if isinstance(out, tuple) else np.ascontiguousarray(out)
-
-        ortx.onnx_op(op_type=op_type, inputs=ins, outputs=outs, attrs=attr_types)(body)
+        other = _ORTX_REGISTERED.get(op_type)
+        if other is not None and other[0] != domain:
+            raise UsageError(f"ort_python_op: '{op_type}' is registered for domain '{other[0]}' already",
+                             "Python implementations share one onnxruntime-extensions domain: give the ops "
+                             "different names")
+        if other is None and _ORTX_USED:
+            raise UsageError(f"ort_python_op('{name}') registers a new op after ONNX Runtime sessions have loaded "
+                             "onnxruntime-extensions' ops (its op list must not change then)",
+                             "register every Python implementation at import time, e.g. in the model's file")
         _PY_OPS[(domain, op_type)] = func
+        if other is None:  # onnxruntime-extensions keeps one kernel per name: re-registering replaces the body only
+
+            def body(*arrays, **kw):
+                out = _PY_OPS[(domain, op_type)](*arrays, **kw)
+                if isinstance(out, tuple):
+                    return tuple(np.ascontiguousarray(o) for o in out)
+                return np.ascontiguousarray(out)
+
+            ortx.onnx_op(op_type=op_type, inputs=ins, outputs=outs, attrs=attr_types)(body)
+            _ORTX_REGISTERED[op_type] = (domain, tuple(inputs), tuple(outputs))
         return func
 
     return register
@@ -511,9 +527,11 @@ def prepare_session(path: str | Path, opts) -> Iterator[str]:
 
     model = onnx.load(str(path), load_external_data=False)
     used = model_custom_ops(model)
-    if not any((d, o) in _PY_OPS or d == ORTX_DOMAIN for d, o in used):
+    if not any((d, o) in _PY_OPS for d, o in used):
         yield str(path)
         return
+    global _ORTX_USED
+    _ORTX_USED = True
     ortx_lib = Path(_ortx().get_library_path()).resolve()
     if ortx_lib not in _LIBRARIES:  # loading the same library twice makes onnxruntime refuse its kernels
         opts.register_custom_ops_library(str(ortx_lib))
