@@ -99,8 +99,10 @@ def test_triton_repository_and_serving(converted, tmp_path):
     out, _ = converted
     repo = triton_repository(out, tmp_path / "repo")
     version = repo.model_dir / "1"
-    assert sorted(p.name for p in version.iterdir()) == ["model.onnx", "model.onnx.data"]
-    assert data_of(version / "model.onnx") == ["model.onnx.data"]
+    data = data_of(version / "model.onnx")  # best.onnx's data file, copied under the name the graph refers to
+    assert data == data_of(out / "best.onnx") == ["best.onnx.data"]
+    assert sorted(p.name for p in version.iterdir()) == ["best.onnx.data", "model.onnx"]
+    assert (version / "best.onnx.data").read_bytes() == (out / "best.onnx.data").read_bytes()
     x = np.random.default_rng(1).standard_normal((2, 32)).astype(np.float32)
     expected = ort_outputs(out / "best.onnx", x)
     np.testing.assert_allclose(ort_outputs(version / "model.onnx", x), expected, rtol=1e-6, atol=1e-6)

@@ -221,7 +221,7 @@ def triton_repository(out_or_onnx: str | Path, repo_dir: str | Path, *, name: st
 
     An existing ``REPO/<name>`` is replaced only with ``force=True``. ``serve REPO`` serves the result.
     """
-    from .export import copy_model, external_data_files
+    from .export import external_data_files
 
     onnx_path, default_name, options, sizes = _read_out(Path(out_or_onnx))
     name = re.sub(r"[^A-Za-z0-9_.\-]+", "_", name or default_name).strip("_.") or "model"
@@ -242,11 +242,14 @@ def triton_repository(out_or_onnx: str | Path, repo_dir: str | Path, *, name: st
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "1").mkdir(parents=True)
     try:
+        shutil.copy2(onnx_path, tmp / "1" / "model.onnx")
         for data in external_data_files(onnx_path):
             if not data.is_file() or not data.resolve().is_relative_to(onnx_path.parent.resolve()):
                 raise UsageError(f"{onnx_path.name} refers to external data {data} that is missing or outside "
                                  "its folder", "keep the external data files beside the .onnx file")
-        copy_model(onnx_path, tmp / "1" / "model.onnx")  # weights (if external) become 1/model.onnx.data
+            target = tmp / "1" / data.relative_to(onnx_path.parent)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(data, target)
         (tmp / "config.pbtxt").write_text(config_pbtxt(config), encoding="utf-8")
         (tmp / "inferenceservice.yaml").write_text(inference_service(name, gpu=gpu), encoding="utf-8")
         if model_dir.exists():

@@ -365,7 +365,9 @@ def export(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", ops
         if opset < 7 or opset > newest:
             raise UsageError(f"opset {opset} is not supported here (newest usable: {newest})",
                              f"pick an opset between {MIN_OPSET} and {newest}, or leave --opset out")
-    threshold = external_data_threshold if external_data_threshold is not None else external_threshold()
+    threshold = external_data_threshold
+    if threshold is None:
+        threshold = int(os.environ.get("ONNXPORT_EXTERNAL_DATA_THRESHOLD", EXTERNAL_DATA_THRESHOLD))
     size = sum(t.numel() * t.element_size() for t in loaded.flat.state_dict().values())
     external = size > threshold
     attempts: list[Attempt] = []
