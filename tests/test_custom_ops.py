@@ -113,6 +113,7 @@ def test_standard_op_names_are_refused_for_python_implementations():
         custom_ops.ort_python_op("Gelu")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 def test_compiled_custom_op_library_proves_the_model(tmp_path, exporter):
     """A real compiled library (onnxruntime-extensions' own .so, ``Inverse``) loaded with --custom-op-library.
@@ -170,6 +171,7 @@ def test_discovery_records_argument_kinds_and_emitted_ops():
     assert "apply" not in vars(mod.MyGELU)  # the recording patch is gone
 
 
+@pytest.mark.slow
 def test_worked_example_through_the_cli(tmp_path):
     out = tmp_path / "out"
     res = run_cli("export", f"{ROOT / 'examples' / 'custom_ops.py'}:CustomNet", "-i", "x:float32[batch,16]",

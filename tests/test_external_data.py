@@ -127,6 +127,7 @@ def test_copy_model_copies_bytes_and_renames_the_data(converted, tmp_path):
         copy_model(lonely / "m.onnx", tmp_path / "x.onnx")
 
 
+@pytest.mark.slow
 def test_dynamo_export_above_the_threshold_through_the_cli(tmp_path, monkeypatch):
     monkeypatch.setenv("ONNXPORT_EXTERNAL_DATA_THRESHOLD", THRESHOLD)
     out = tmp_path / "out"
