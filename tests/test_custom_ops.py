@@ -194,3 +194,13 @@ def test_new_python_op_after_sessions_is_refused_not_a_crash(tmp_path):
         return (x * alpha + shift).astype(np.float32)
 
     assert custom_ops.python_ops()[("test_domain", "ScaledShift")] is again
+
+
+def test_dynamo_translation_with_two_outputs_and_constants(tmp_path):
+    rep = api.export(f"{MODELS}:TwoWaysNet", tmp_path, exporter="dynamo", **SPEC)
+    assert rep["status"] == "ok", rep["summary"]
+    fn = rep["export"]["custom_ops"][0]
+    assert fn["outputs"] == 2 and fn["onnx_ops"] == ["Constant", "Constant", "Mul", "Add"]
+    ops = [op for _, op, _ in nodes(tmp_path / "model.onnx")]
+    assert ops.count("Mul") == 1 and ops.count("Add") == 1 and ops[-1] == "Sub"
+    assert all(c["passed"] and c["max_abs_err"] == 0.0 for c in rep["validation"]["cases"])
