@@ -180,6 +180,7 @@ def test_worked_example_through_the_cli(tmp_path):
     rep = json.loads(res.stdout)
     assert [o for f in rep["export"]["custom_ops"] for o in f["onnx_ops"]] == ["Gelu", "custom_domain::MyCustomOp"]
     assert rep["runtime"]["providers_used"] == ["CPUExecutionProvider"]
+    assert "runtime   cpu · CPUExecutionProvider (" in res.stderr
     assert {(d, op) for d, op, _ in nodes(out / "model.onnx")} >= {("", "Gelu"), ("custom_domain", "MyCustomOp")}
 
 

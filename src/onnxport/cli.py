@@ -396,6 +396,13 @@ def print_report(rep: dict, out: Path) -> None:
             where = escape(", ".join(f"{d['input']}[{d['axis']}]" for d in ds))
             err.print(f"  dim       {escape(sym)} {ds[0]['min']}..{ds[0]['max']} ({where}) {ok} at sizes {sizes or '-'}",
                       markup=True)
+    rt = rep.get("runtime")
+    if rt:
+        placed = ", ".join(f"{p} ({n} nodes)" for p, n in (rt.get("nodes_per_provider") or {}).items())
+        err.print(f"  runtime   {rt['device']} · {placed or ', '.join(rt['providers_used'])}")
+        if rt["cpu_fallback_nodes"]:
+            err.print(f"[yellow]  fallback  {len(rt['cpu_fallback_nodes'])} node(s) on the CPU: "
+                      f"{escape(', '.join(rt['cpu_fallback_nodes'][:8]))}[/]", markup=True)
     val = rep.get("validation")
     if val:
         t = Table(title=f"validation (atol {val['tolerance']['atol']}, rtol {val['tolerance']['rtol']})")
