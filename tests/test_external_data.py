@@ -84,6 +84,15 @@ def test_check_by_path_reads_the_data_file(converted):
     assert json.loads(cli.stdout)["parameters"] == 32 * 64 + 64 + 64 * 3 + 3
 
 
+def test_check_names_a_missing_data_file(converted, tmp_path):
+    out, _ = converted
+    (tmp_path / "model.onnx").write_bytes((out / "model.onnx").read_bytes())  # without model.onnx.data
+    res = api.check_file(tmp_path / "model.onnx")
+    assert not res.ok
+    diag = next(d for d in res.diagnostics if d.code == "onnx-checker")
+    assert "model.onnx.data" in diag.message and "external data file that is missing" in diag.hint
+
+
 def test_optimize_an_external_data_model(converted, tmp_path):
     out, _ = converted
     with pytest.MonkeyPatch.context() as mp:
