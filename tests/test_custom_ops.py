@@ -205,3 +205,27 @@ def test_dynamo_translation_with_two_outputs_and_constants(tmp_path):
     ops = [op for _, op, _ in nodes(tmp_path / "model.onnx")]
     assert ops.count("Mul") == 1 and ops.count("Add") == 1 and ops[-1] == "Sub"
     assert all(c["passed"] and c["max_abs_err"] == 0.0 for c in rep["validation"]["cases"])
+
+
+class _WithNone(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, maybe):
+        return x + 1
+
+    @staticmethod
+    def symbolic(g, x, maybe):
+        return g.op("Add", x, x)
+
+
+def test_calls_that_cannot_be_one_node_are_left_to_tracing():
+    class Uses(torch.nn.Module):
+        def forward(self, x):
+            return _WithNone.apply(x, None)
+
+    class Broken(torch.nn.Module):
+        def forward(self, x):
+            raise RuntimeError("cannot run here")
+
+    assert custom_ops.discover(Uses(), (torch.randn(2, 2),)) == ()  # None cannot be an input or attribute
+    assert custom_ops.discover(Broken(), (torch.randn(2, 2),)) == ()  # parity reports the failure, not discovery
+    assert "apply" not in vars(_WithNone)

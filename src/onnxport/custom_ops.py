@@ -91,7 +91,7 @@ def _symbolic_functions() -> list[type]:
     return found
 
 
-def _kind(value: Any) -> str:
+def _kind(value: Any) -> str | None:
     import torch
 
     if isinstance(value, torch.Tensor):
@@ -109,8 +109,7 @@ def _kind(value: Any) -> str:
         return "int[]"
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, float)) for v in value):
         return "float[]"
-    raise ExportFailed(f"an autograd.Function argument of type {type(value).__name__} cannot become an ONNX "
-                       "input or attribute", "pass tensors, numbers, strings or lists of numbers to apply()")
+    return None  # None, nested structures, objects: the call cannot become one ONNX node
 
 
 _APPLY_KEY = "apply"
@@ -139,8 +138,8 @@ def discover(module, args: Sequence) -> tuple[CustomFunction, ...]:
         outs = out if isinstance(out, tuple) else (out,)
         kinds = tuple(_kind(v) for v in a)
         key = (cls, kinds, len(outs))
-        if key not in calls:
-            calls[key] = CustomFunction(cls, kinds, len(outs), _record_ops(cls, a))
+        if None not in kinds and all(isinstance(o, torch.Tensor) for o in outs) and key not in calls:
+            calls[key] = CustomFunction(cls, kinds, len(outs), _record_ops(cls, a))  # type: ignore[arg-type]
         return out
 
     try:
@@ -148,6 +147,8 @@ def discover(module, args: Sequence) -> tuple[CustomFunction, ...]:
             cls.apply = classmethod(recorder)
         with torch.inference_mode():
             module(*args)
+    except Exception:  # noqa: BLE001 - a model that cannot run here fails in parity, with the reason
+        return ()
     finally:
         for cls, old in saved.items():
             if old is None:
