@@ -229,3 +229,23 @@ def test_calls_that_cannot_be_one_node_are_left_to_tracing():
     assert custom_ops.discover(Uses(), (torch.randn(2, 2),)) == ()  # None cannot be an input or attribute
     assert custom_ops.discover(Broken(), (torch.randn(2, 2),)) == ()  # parity reports the failure, not discovery
     assert "apply" not in vars(_WithNone)
+
+
+@pytest.mark.slow
+def test_convert_with_benchmark_leaves_the_working_directory_clean(tmp_path):
+    """ONNX Runtime's symbolic shape inference (FLOP count) gives up on custom ops and saves a model into the
+    working directory; onnxport runs it in a temporary one."""
+    import os
+    import subprocess
+    import sys
+
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), str(ROOT),
+                                                                    os.environ.get("PYTHONPATH", "")])))
+    res = subprocess.run([sys.executable, "-m", "onnxport", "convert", f"{ROOT / 'examples' / 'custom_ops.py'}:CustomNet",
+                          "-i", "x:float32[batch,16]", "-d", "batch=1..8", "--exporter", "torchscript",
+                          "-o", str(tmp_path / "out")], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["benchmark"]["runs"]
+    assert list(cwd.iterdir()) == []

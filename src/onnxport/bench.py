@@ -288,9 +288,17 @@ def flops(model: Any, shapes: dict[str, Sequence[int]]) -> FlopCount:
     best = _count(inferred)
     if best.unknown:
         try:
+            import tempfile
+
             from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-            other = _count(SymbolicShapeInference.infer_shapes(base, auto_merge=True))
+            cwd = os.getcwd()
+            with tempfile.TemporaryDirectory(prefix="onnxport-symshape-") as tmp:
+                os.chdir(tmp)  # when it gives up (e.g. on a custom op) it saves a model into the working dir
+                try:
+                    other = _count(SymbolicShapeInference.infer_shapes(base, auto_merge=True))
+                finally:
+                    os.chdir(cwd)
             if len(other.unknown) < len(best.unknown):
                 best = other
         except Exception:  # noqa: BLE001 - optional second opinion
