@@ -13,7 +13,7 @@ from typing import Any
 
 import onnx
 
-from . import __version__, branches, diagnose, environment, localize, report
+from . import __version__, branches, custom_ops, diagnose, environment, localize, report, runtime
 from .check import CheckResult, check
 from .diagnostics import Diagnostic, error
 from .errors import ExportFailed, UsageError
@@ -61,6 +61,16 @@ def prepare_out(out: str | Path, force: bool) -> Path:
     return out
 
 
+def use_runtime(custom_op_libraries: Sequence[str | Path] = (), device: str = "cpu") -> None:
+    """Load compiled custom-op libraries into every later ONNX Runtime session; fail early (exit 4) when
+    ``device`` cannot be used here."""
+    from . import custom_ops, runtime
+
+    runtime.configure(device)
+    for lib in custom_op_libraries or ():
+        custom_ops.add_library(lib)
+
+
 def load_model(source: str, *, inputs: Sequence[str | InputSpec] | None = None,
                dims: Sequence[str | Dim] | None = None, model_args: dict | str | None = None,
                weights: str | None = None, task: str | None = None, trust_remote_code: bool = False) -> LoadedModel:
@@ -74,11 +84,13 @@ def export(source: str, out: str | Path, *, inputs: Sequence[str | InputSpec] | 
            dims: Sequence[str | Dim] | None = None, model_args: dict | str | None = None,
            weights: str | None = None, task: str | None = None, exporter: str = "auto", opset: int | None = None,
            tolerance: Tolerance = FP32, force: bool = False, trust_remote_code: bool = False,
-           command: str | None = None, progress: Progress = _noop) -> dict:
-    """Export, check and prove ``source``; write OUT/model.onnx and OUT/report.json. Returns the report."""
+           command: str | None = None, progress: Progress = _noop, **kwargs: Any) -> dict:
+    """Export, check and prove ``source``; write OUT/model.onnx and OUT/report.json. Returns the report.
+
+    Further keywords (``device``, ``custom_op_libraries``) are those of :func:`convert`."""
     return _pipeline(source, out, inputs=inputs, dims=dims, model_args=model_args, weights=weights, task=task,
                      exporter=exporter, opset=opset, tolerance=tolerance, force=force,
-                     trust_remote_code=trust_remote_code, command=command, progress=progress)
+                     trust_remote_code=trust_remote_code, command=command, progress=progress, **kwargs)
 
 
 QUICK_BENCH = {"batches": (1, 8), "warmup": 2, "min_runs": 20, "max_seconds": 2.0}
@@ -110,7 +122,9 @@ def benchmark(source: str, out: str | Path, *, onnx_files: Sequence[str | Path] 
 def _pipeline(source: str, out: str | Path, *, inputs=None, dims=None, model_args=None, weights=None, task=None,
               exporter: str = "auto", opset: int | None = None, tolerance: Tolerance = FP32, force: bool = False,
               trust_remote_code: bool = False, command: str | None = None, progress: Progress = _noop,
-              bench: dict | None = None, variants: str | Sequence[str] | None = None) -> dict:
+              bench: dict | None = None, variants: str | Sequence[str] | None = None,
+              custom_op_libraries: Sequence[str | Path] = (), device: str = "cpu") -> dict:
+    use_runtime(custom_op_libraries, device)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     progress(f"loading {source}")
@@ -132,6 +146,7 @@ def _run_stages(loaded: LoadedModel, out: Path, work: Path, *, exporter: str, op
                 tolerance: Tolerance, command: str | None, progress: Progress, timings: dict,
                 bench: dict | None = None, variants: str | Sequence[str] | None = None) -> dict:
     diags: list[Diagnostic] = list(loaded.diagnostics) + diagnose.static_traps(loaded)
+    custom_ops.discover_loaded(loaded)  # autograd.Functions with symbolic(): reported, and exported as their ops
     progress(f"exporting ({exporter})")
     t = time.perf_counter()
     try:
@@ -173,7 +188,11 @@ def _prove(loaded: LoadedModel, result: ExportResult, out: Path, diags: list[Dia
     diags.extend(diagnose.runtime_traps(loaded, cases[0]))
     extra, sites = branches.cover(loaded, result.path, cases, result.guards)
     cases += extra
-    parity = compare(loaded, result.path, cases=cases, tolerance=tolerance, dim_checks=checked.dynamic_dims)
+    placed, sess = _placed_session(result.path)
+    loaded = runtime.loaded_on_device(loaded, runtime.config().device)
+    parity = compare(loaded, result.path, cases=cases, tolerance=tolerance, dim_checks=checked.dynamic_dims,
+                     sess=sess)
+    del sess
     diags.extend(diagnose.unreached_branches(sites, loaded))
     timings["parity"] = time.perf_counter() - t
     diags.extend(parity.diagnostics)
@@ -189,6 +208,8 @@ def _prove(loaded: LoadedModel, result: ExportResult, out: Path, diags: list[Dia
     rep = build_report(loaded, result, checked, parity, diags, timings, command)
     if rep["validation"] is not None:
         rep["validation"]["branches"] = [s.to_dict() for s in sites]
+    if placed is not None:
+        rep["runtime"] = placed.to_dict()
     if divergence is not None:
         rep["validation"]["divergence"] = divergence.to_dict()
         rep["validation"]["divergence"]["module"] = diagnose.label(loaded, divergence.module)
@@ -226,12 +247,27 @@ def _prove(loaded: LoadedModel, result: ExportResult, out: Path, diags: list[Dia
     return rep
 
 
+def _placed_session(path: Path) -> tuple[runtime.Placement | None, Any]:
+    """The parity session on the configured device and where its nodes went (None, None when onnxruntime
+    cannot load the file: parity then reports why)."""
+    cfg = runtime.config()
+    chain = runtime.default_providers()
+    log: list[str] = []
+    try:
+        sess = runtime.session(path, providers=chain, log_sink=log)
+    except UsageError:
+        return None, None
+    return runtime.placement_from(sess, cfg.device, chain, "".join(log)), sess
+
+
 def compare_file(source: str, onnx_path: str | Path, out: str | Path, *, inputs=None, dims=None, model_args=None,
                  weights=None, task=None, tolerance: Tolerance = FP32, force: bool = False,
                  trust_remote_code: bool = False, command: str | None = None, progress: Progress = _noop,
                  bench: dict | None = None, extra_files: Sequence[str | Path] = (),
-                 variants: str | Sequence[str] | None = None) -> dict:
+                 variants: str | Sequence[str] | None = None, custom_op_libraries: Sequence[str | Path] = (),
+                 device: str = "cpu") -> dict:
     """Prove any ONNX file (exported by onnxport or not) against the PyTorch model; localize a divergence."""
+    use_runtime(custom_op_libraries, device)
     onnx_path = Path(onnx_path)
     if not onnx_path.is_file():
         raise UsageError(f"ONNX file not found: {onnx_path}", "check the path")
@@ -298,6 +334,7 @@ def build_report(loaded: LoadedModel, result: ExportResult | None, checked: Chec
             "outputs": list(checked.outputs) if checked else [{"name": n, "dtype": "unknown", "shape": None}
                                                               for n in loaded.output_names],
             "attempts": [a.to_dict() for a in (result.attempts if result else attempts)],
+            "custom_ops": [f.to_dict() for f in loaded.extra.get("custom_functions", ())],
         },
         "check": None,
         "validation": None,

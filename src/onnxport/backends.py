@@ -149,14 +149,17 @@ class OrtBackend:
     """ONNX Runtime (CPU provider unless ``providers`` says otherwise) on any .onnx file."""
 
     def __init__(self, path: str | Path, *, threads: int | None = None, options: OrtOptions | None = None,
-                 providers: list | None = None, name: str = "onnxruntime") -> None:
+                 providers: list | None = None, name: str = "onnxruntime", io_binding: bool = False) -> None:
         self.path = Path(path)
         self.options = options or OrtOptions()
         self.threads = self.options.intra_op_num_threads or threads or default_threads()
         self.providers = providers
         self.name = name
+        self.io_binding = io_binding
         self.session: Any = None
         self._names: list[str] = []
+        self._bound: Any = None
+        self._bound_feeds: tuple = ()
 
     @property
     def inputs(self) -> tuple[IOInfo, ...]:
@@ -179,10 +182,22 @@ class OrtBackend:
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         if self.session is None:
             raise UsageError(f"backend {self.name} is not open", "call open() before run()")
-        return self.session.run(None, {n: feeds[n] for n in self._names})
+        if not self.io_binding:
+            return self.session.run(None, {n: feeds[n] for n in self._names})
+        from .runtime import BoundRunner, config
+
+        current = tuple(id(feeds[n]) for n in self._names)
+        if self._bound is None or current != self._bound_feeds:  # the same arrays stay bound on the device
+            cfg = config()
+            self._bound = BoundRunner(self.session, cfg.device, cfg.gpu.device_id)
+            self._bound.bind({n: feeds[n] for n in self._names})
+            self._bound_feeds = current
+        self._bound.run()
+        return self._bound.outputs()
 
     def close(self) -> None:
         self.session = None
+        self._bound = None
 
 
 # --------------------------------------------------------------------------- OpenVINO

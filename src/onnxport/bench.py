@@ -288,9 +288,17 @@ def flops(model: Any, shapes: dict[str, Sequence[int]]) -> FlopCount:
     best = _count(inferred)
     if best.unknown:
         try:
+            import tempfile
+
             from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-            other = _count(SymbolicShapeInference.infer_shapes(base, auto_merge=True))
+            cwd = os.getcwd()
+            with tempfile.TemporaryDirectory(prefix="onnxport-symshape-") as tmp:
+                os.chdir(tmp)  # when it gives up (e.g. on a custom op) it saves a model into the working dir
+                try:
+                    other = _count(SymbolicShapeInference.infer_shapes(base, auto_merge=True))
+                finally:
+                    os.chdir(cwd)
             if len(other.unknown) < len(best.unknown):
                 best = other
         except Exception:  # noqa: BLE001 - optional second opinion
@@ -586,7 +594,7 @@ def run(loaded: LoadedModel, onnx_paths: dict[str, Path], *, batches: Sequence[i
         seq_lens: Sequence[int] | None = None, threads: int | None = None, warmup: int = 5, min_runs: int = 50,
         max_seconds: float = 10.0, block: int = 5, compile: bool = False, openvino: bool | None = None,
         tune_ort: bool = False, tune_budget_s: float = 30.0, peak: bool = True,
-        progress: Progress | None = None) -> BenchResult:
+        progress: Progress | None = None, io_binding: bool = False) -> BenchResult:
     """Benchmark PyTorch eager (and torch.compile if ``compile``) against each ONNX file in ``onnx_paths``.
 
     ``onnx_paths`` maps a backend label (e.g. "onnxruntime", "onnxruntime:best") to a file; the first is
@@ -594,6 +602,7 @@ def run(loaded: LoadedModel, onnx_paths: dict[str, Path], *, batches: Sequence[i
     ``max_seconds`` bounds the timed loop per batch/seq size; ``min_runs`` timed iterations per backend
     end it earlier. ``tune_ort`` searches session options on the first file (``tune``) and adds the tuned
     session as "onnxruntime:tuned". ``peak`` measures (or reads the cached) GEMM peak for the roofline.
+    ``io_binding`` runs ONNX Runtime through IO binding (inputs bound once per size on the session's device).
     """
     say = progress or (lambda _: None)
     t_start = time.perf_counter()
@@ -619,7 +628,7 @@ def run(loaded: LoadedModel, onnx_paths: dict[str, Path], *, batches: Sequence[i
     backends: list[Backend] = [TorchBackend(loaded, threads=threads)]
     if compile:
         backends.append(TorchBackend(loaded, threads=threads, compile=True))
-    backends += [OrtBackend(p, threads=threads, name=label) for label, p in onnx_paths.items()]
+    backends += [OrtBackend(p, threads=threads, name=label, io_binding=io_binding) for label, p in onnx_paths.items()]
     if reference is not None and tune_ort:
         say("tuning ONNX Runtime session options")
         tuned = tune(reference, feeds_for(sizes_list[0][2]), threads=threads, budget_s=tune_budget_s,

@@ -126,8 +126,11 @@ def check(path: str | Path, inputs: tuple[InputSpec, ...] | None = None, dims: d
         onnx.checker.check_model(str(path))
     except Exception as e:  # noqa: BLE001 - every checker failure is reported
         checker_error = str(e).strip().splitlines()[0][:500] if str(e).strip() else type(e).__name__
-        diags.append(error("onnx-checker", f"onnx.checker rejects the model: {checker_error}",
-                           hint="the file does not follow the ONNX spec; re-export it or report the exporter bug"))
+        hint = "the file does not follow the ONNX spec; re-export it or report the exporter bug"
+        if "should be stored in" in checker_error:
+            hint = ("the weights live in an external data file that is missing: keep the .data file(s) beside "
+                    "the .onnx file, under the name the graph refers to")
+        diags.append(error("onnx-checker", f"onnx.checker rejects the model: {checker_error}", hint=hint))
     shape_error = None
     try:
         with tempfile.TemporaryDirectory() as tmp:

@@ -76,21 +76,14 @@ ForceOpt = Annotated[bool, typer.Option("--force", help="overwrite earlier resul
 AtolOpt = Annotated[float, typer.Option("--atol", help="absolute tolerance (fp32 default 1e-4)")]
 RtolOpt = Annotated[float, typer.Option("--rtol", help="relative tolerance (fp32 default 1e-3)")]
 TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="allow a Hugging Face model's own code")]
+LibOpt = Annotated[list[Path] | None, typer.Option(
+    "--custom-op-library", help="compiled ONNX Runtime custom-op library (.so) loaded into every session; repeatable")]
 
 
 def _check_device(device: str) -> None:
-    from .errors import EnvironmentProblem, UsageError
+    from .runtime import check_device
 
-    if device not in ("cpu", "cuda"):
-        raise UsageError(f"unknown --device '{device}'", "use cpu or cuda")
-    if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise EnvironmentProblem("--device cuda was asked for but no CUDA device is available",
-                                     "install a CUDA build of torch and onnxruntime-gpu on a machine with a GPU, "
-                                     "or use --device cpu")
-        raise EnvironmentProblem("--device cuda is not supported yet", "use --device cpu")
+    check_device(device)  # exit 4 with what to install when cuda cannot be used here
 
 
 def _finish(rep: dict, out: Path, as_json: bool) -> None:
@@ -112,7 +105,7 @@ def _run(which: str, source: str, out: Path, inputs, dims, model_args, weights, 
         rep = fn(source, out, inputs=inputs, dims=dims, model_args=model_args, weights=weights, task=task,
                  exporter=exporter, opset=opset, tolerance=Tolerance(atol, rtol), force=force,
                  trust_remote_code=trust_remote_code, command=_command_line(),
-                 progress=lambda msg: status.update(msg), **extra)
+                 progress=lambda msg: status.update(msg), device=device, **extra)
     _finish(rep, out, as_json)
 
 
@@ -126,10 +119,12 @@ def convert(source: Annotated[str, typer.Argument(help="model source, e.g. model
             trust_remote_code: TrustOpt = False,
             no_bench: Annotated[bool, typer.Option("--no-bench", help="skip the short benchmark")] = False,
             variants: Annotated[str | None, typer.Option(
-                "--variants", help="optimized variants to build and re-prove, e.g. slim,ort,fp16,int8")] = None) -> None:
+                "--variants", help="optimized variants to build and re-prove, e.g. slim,ort,fp16,int8")] = None,
+            custom_op_library: LibOpt = None) -> None:
     """The whole pipeline: export, check, prove, (optimize), benchmark; writes OUT/."""
     _run("convert", source, out, input, dim, model_args, weights, task, exporter, opset, device, json_out, force,
-         atol, rtol, trust_remote_code, bench={} if no_bench else None, variants=variants)
+         atol, rtol, trust_remote_code, bench={} if no_bench else None, variants=variants,
+         custom_op_libraries=custom_op_library or [])
 
 
 @app.command()
@@ -140,7 +135,7 @@ def optimize(source: Annotated[str, typer.Argument(help="model source, e.g. torc
              model_args: ArgsOpt = None, weights: WeightsOpt = None, task: TaskOpt = None,
              variants: Annotated[str | None, typer.Option("--variants", help="e.g. slim,ort,fused,fp16,int8")] = None,
              json_out: JsonOpt = False, force: ForceOpt = False, atol: AtolOpt = 1e-4, rtol: RtolOpt = 1e-3,
-             trust_remote_code: TrustOpt = False) -> None:
+             trust_remote_code: TrustOpt = False, custom_op_library: LibOpt = None) -> None:
     """Build optimized variants (onnxslim, ORT offline, fusions, fp16, int8), re-prove each against PyTorch."""
     from . import api
     from .parity import Tolerance
@@ -149,7 +144,8 @@ def optimize(source: Annotated[str, typer.Argument(help="model source, e.g. torc
         rep = api.optimize_file(source, model, out, inputs=input, dims=dim, model_args=model_args, weights=weights,
                                 task=task, variants=variants, tolerance=Tolerance(atol, rtol), force=force,
                                 trust_remote_code=trust_remote_code, command=_command_line(),
-                                progress=lambda msg: status.update(msg))
+                                progress=lambda msg: status.update(msg),
+                                custom_op_libraries=custom_op_library or [])
     _finish(rep, out, json_out)
 
 
@@ -167,12 +163,25 @@ def bench(source: Annotated[str, typer.Argument(help="model source, e.g. torchvi
           tune: Annotated[bool, typer.Option("--tune", help="search ONNX Runtime session options")] = False,
           compile_: Annotated[bool, typer.Option("--compile", help="also time torch.compile")] = False,
           json_out: JsonOpt = False, force: ForceOpt = False, atol: AtolOpt = 1e-4, rtol: RtolOpt = 1e-3,
-          trust_remote_code: TrustOpt = False) -> None:
+          trust_remote_code: TrustOpt = False, custom_op_library: LibOpt = None,
+          io_binding: Annotated[bool, typer.Option(
+              "--io-binding/--no-io-binding", help="ONNX Runtime runs through IO binding, inputs and outputs "
+                                                   "on the device (default: on with --device cuda)")] = None,
+          trt_fp16: Annotated[bool, typer.Option("--trt-fp16", help="TensorRT may run layers in fp16")] = False,
+          trt_workspace_gb: Annotated[float, typer.Option("--trt-workspace-gb", help="TensorRT workspace")] = 2.0,
+          trt_engine_cache: Annotated[Path | None, typer.Option(
+              "--trt-engine-cache", help="folder where TensorRT keeps built engines")] = None) -> None:
     """Prove, then benchmark PyTorch against ONNX Runtime (percentiles, throughput, % of GEMM peak)."""
+    from .runtime import GpuOptions, configure
+
     opts = {"batches": tuple(batch or (1, 8)), "seq_lens": tuple(seq) if seq else None, "threads": threads,
-            "max_seconds": seconds, "tune_ort": tune, "compile": compile_}
+            "max_seconds": seconds, "tune_ort": tune, "compile": compile_,
+            "io_binding": device == "cuda" if io_binding is None else io_binding}
+    configure(device, GpuOptions(fp16=trt_fp16, trt_workspace_bytes=int(trt_workspace_gb * 1024**3),
+                                 trt_engine_cache=str(trt_engine_cache) if trt_engine_cache else None))
     _run("bench", source, out, input, dim, model_args, weights, task, exporter, opset, device, json_out, force,
-         atol, rtol, trust_remote_code, bench=opts, onnx_files=list(models or []))
+         atol, rtol, trust_remote_code, bench=opts, onnx_files=list(models or []),
+         custom_op_libraries=custom_op_library or [])
 
 
 @app.command()
@@ -182,10 +191,10 @@ def export(source: Annotated[str, typer.Argument(help="model source, e.g. model.
            model_args: ArgsOpt = None, weights: WeightsOpt = None, task: TaskOpt = None,
            exporter: ExporterOpt = "auto", opset: OpsetOpt = None, device: DeviceOpt = "cpu",
            json_out: JsonOpt = False, force: ForceOpt = False, atol: AtolOpt = 1e-4, rtol: RtolOpt = 1e-3,
-           trust_remote_code: TrustOpt = False) -> None:
+           trust_remote_code: TrustOpt = False, custom_op_library: LibOpt = None) -> None:
     """Export + check + parity only; writes OUT/model.onnx and OUT/report.json."""
     _run("export", source, out, input, dim, model_args, weights, task, exporter, opset, device, json_out, force,
-         atol, rtol, trust_remote_code)
+         atol, rtol, trust_remote_code, custom_op_libraries=custom_op_library or [])
 
 
 @app.command()
@@ -195,16 +204,19 @@ def compare(source: Annotated[str, typer.Argument(help="model source, e.g. model
             out: OutOpt = Path("onnxport-out"), input: InputOpt = None, dim: DimOpt = None,
             model_args: ArgsOpt = None, weights: WeightsOpt = None, task: TaskOpt = None,
             json_out: JsonOpt = False, force: ForceOpt = False, atol: AtolOpt = 1e-4, rtol: RtolOpt = 1e-3,
-            trust_remote_code: TrustOpt = False) -> None:
+            trust_remote_code: TrustOpt = False, custom_op_library: LibOpt = None,
+            device: DeviceOpt = "cpu") -> None:
     """Prove an existing ONNX file against the PyTorch model; localize where they part."""
     from . import api
     from .parity import Tolerance
 
+    _check_device(device)
     with err.status(f"compare {source} {model}") as status:
         rep = api.compare_file(source, model, out, inputs=input, dims=dim, model_args=model_args, weights=weights,
                                task=task, tolerance=Tolerance(atol, rtol), force=force,
                                trust_remote_code=trust_remote_code, command=_command_line(),
-                               progress=lambda msg: status.update(msg))
+                               progress=lambda msg: status.update(msg),
+                               custom_op_libraries=custom_op_library or [], device=device)
     _finish(rep, out, json_out)
 
 
@@ -232,10 +244,18 @@ def serve(path: Annotated[Path, typer.Argument(help="an output folder, a .onnx f
           port: Annotated[int, typer.Option("--port", help="TCP port")] = 8000,
           max_batch: Annotated[int | None, typer.Option("--max-batch", help="rows per batched run (1: off)")] = None,
           max_delay_ms: Annotated[float | None, typer.Option("--max-delay-ms", help="longest wait to fill a batch")] = None,
-          max_body_mb: Annotated[float, typer.Option("--max-body-mb", help="largest request body")] = 64.0) -> None:
+          max_body_mb: Annotated[float, typer.Option("--max-body-mb", help="largest request body")] = 64.0,
+          custom_op_library: LibOpt = None,
+          custom_op_python: Annotated[list[Path] | None, typer.Option(
+              "--custom-op-python", help="Python file registering ort_python_op implementations; repeatable")] = None,
+          device: DeviceOpt = "cpu") -> None:
     """Serve models over the Open Inference Protocol v2 (KServe v2 / Triton HTTP) with dynamic batching."""
+    from . import api, custom_ops
     from .serve import discover, run
 
+    api.use_runtime(custom_op_library or [], device)
+    for file in custom_op_python or []:
+        custom_ops.import_implementations(file)
     discover(path)  # a bad PATH fails here, in one line, before anything starts
     err.print(f"serving {path} on http://{host}:{port}/v2 (Ctrl-C stops after in-flight requests finish)")
     try:
@@ -383,6 +403,13 @@ def print_report(rep: dict, out: Path) -> None:
             where = escape(", ".join(f"{d['input']}[{d['axis']}]" for d in ds))
             err.print(f"  dim       {escape(sym)} {ds[0]['min']}..{ds[0]['max']} ({where}) {ok} at sizes {sizes or '-'}",
                       markup=True)
+    rt = rep.get("runtime")
+    if rt:
+        placed = ", ".join(f"{p} ({n} nodes)" for p, n in (rt.get("nodes_per_provider") or {}).items())
+        err.print(f"  runtime   {rt['device']} · {placed or ', '.join(rt['providers_used'])}")
+        if rt["cpu_fallback_nodes"]:
+            err.print(f"[yellow]  fallback  {len(rt['cpu_fallback_nodes'])} node(s) on the CPU: "
+                      f"{escape(', '.join(rt['cpu_fallback_nodes'][:8]))}[/]", markup=True)
     val = rep.get("validation")
     if val:
         t = Table(title=f"validation (atol {val['tolerance']['atol']}, rtol {val['tolerance']['rtol']})")

@@ -9,6 +9,7 @@ import io
 import logging
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -20,7 +21,7 @@ from pathlib import Path
 import onnx
 import torch
 
-from . import controlflow
+from . import controlflow, custom_ops
 from .diagnostics import Diagnostic, info, warning
 from .errors import ExportFailed, UsageError
 from .samples import export_sizes, make_inputs
@@ -130,13 +131,16 @@ def _dim_objects(loaded: LoadedModel) -> tuple:
 
 def _export_dynamo(loaded: LoadedModel, path: Path, opset: int, external: bool, lines=()) -> list[Diagnostic]:
     example = make_inputs(loaded.inputs, export_sizes(loaded.dims), seed=0)
+    customs = custom_ops.discover_loaded(loaded)  # autograd.Functions with symbolic(): opaque ops + translations
     torch._logging.set_logs(dynamic=logging.INFO)  # guard log lines name the user code that fixed a shape
     try:
-        program = torch.onnx.export(
-            loaded.flat, example, dynamo=True, dynamic_shapes=_dim_objects(loaded),
-            input_names=[s.name for s in loaded.inputs], output_names=list(loaded.output_names),
-            opset_version=opset, optimize=True, verbose=False,
-        )
+        with custom_ops.opaque(customs):
+            program = torch.onnx.export(
+                loaded.flat, example, dynamo=True, dynamic_shapes=_dim_objects(loaded),
+                input_names=[s.name for s in loaded.inputs], output_names=list(loaded.output_names),
+                opset_version=opset, optimize=True, verbose=False,
+                custom_translation_table=custom_ops.translation_table(customs, opset) or None,
+            )
     finally:
         torch._logging.set_logs()
     program.save(str(path), external_data=external)
@@ -260,12 +264,21 @@ STRATEGIES = {"dynamo": _export_dynamo, "torchscript": _export_torchscript, "con
 # --------------------------------------------------------------------------- files
 
 
+def external_threshold() -> int:
+    """Weights above this many bytes go to external data (env ONNXPORT_EXTERNAL_DATA_THRESHOLD, default 2 GiB:
+    protobuf cannot hold more in one file)."""
+    return int(os.environ.get("ONNXPORT_EXTERNAL_DATA_THRESHOLD", EXTERNAL_DATA_THRESHOLD))
+
+
 def save_model(model: onnx.ModelProto, path: Path, external: bool) -> None:
     """Save ``model``; with ``external`` the weights go to ``<name>.data`` beside it."""
     path = Path(path)
     if external:
         onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=path.name + ".data", size_threshold=1024)
+        data = path.with_name(path.name + ".data")
+        if data.exists():  # onnx creates it owner-only; serving and Triton containers read it as another user
+            data.chmod(path.stat().st_mode & 0o777)
     else:
         onnx.save_model(model, str(path))
 
@@ -280,6 +293,38 @@ def external_data_files(path: Path) -> list[Path]:
                 if entry.key == "location":
                     locations.add(entry.value)
     return [path.parent / loc for loc in sorted(locations)]
+
+
+def _relocated(src: Path, new_loc: str) -> onnx.ModelProto:
+    """``src``'s graph (weights not loaded) with every external-data reference pointing at ``new_loc``."""
+    model = onnx.load(str(src), load_external_data=False)
+    for t in onnx.external_data_helper._get_all_tensors(model):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            for entry in t.external_data:
+                if entry.key == "location":
+                    entry.value = new_loc
+    return model
+
+
+def copy_model(src: Path, dst: Path) -> None:
+    """Copy an ONNX file and its external data (renamed to ``<dst>.data``); the weights are copied as bytes,
+    never loaded, so this works for models of any size."""
+    src, dst = Path(src), Path(dst)
+    data = external_data_files(src)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if not data:
+        shutil.copyfile(src, dst)
+        return
+    if len(data) != 1:
+        raise UsageError(f"{src} spreads its weights over {len(data)} external data files",
+                         "re-export it with onnxport (one .data file per model)")
+    if not data[0].is_file():
+        raise UsageError(f"{src.name} refers to external data {data[0].name}, which is missing",
+                         "keep the .data file beside the .onnx file")
+    shutil.copyfile(data[0], dst.parent / (dst.name + ".data"))
+    tmp = dst.with_name(dst.name + ".tmp")
+    onnx.save_model(_relocated(src, dst.name + ".data"), str(tmp))
+    os.replace(tmp, dst)
 
 
 def move_model(src: Path, dst: Path) -> None:

@@ -26,11 +26,12 @@ from typing import Any
 import numpy as np
 import onnx
 
+from . import custom_ops
 from .backends import OrtBackend, default_threads
 from .bench import bench_sizes, interleave, stats
 from .check import check
 from .errors import UsageError
-from .export import external_data_files, save_model
+from .export import copy_model, external_data_files, save_model
 from .parity import FP16, FP32, ParityResult, Tolerance, compare, input_mapping, run_torch
 from .runtime import session
 from .samples import Case, make_inputs, validation_cases
@@ -41,7 +42,13 @@ VARIANTS = ("slim", "ort", "fused", "fp16", "int8", "fused+int8")
 BASELINE = "export"
 COSINE_MIN = 0.99
 TOP1_MIN = 0.95
-LARGE_BYTES = 1_500_000_000  # above this, weights go to external data beside the .onnx file
+LARGE_BYTES = 1_500_000_000  # above this (or the export threshold, if lower), weights go to external data
+
+
+def _large_bytes() -> int:
+    from .export import external_threshold
+
+    return min(LARGE_BYTES, external_threshold())
 ORT_LEVEL = "extended"  # basic/extended graphs are portable; ORT_ENABLE_ALL layouts are hardware-specific
 
 
@@ -169,7 +176,7 @@ def _init_bytes(model: onnx.ModelProto) -> int:
 
 
 def _save(model: onnx.ModelProto, path: Path) -> None:
-    save_model(model, path, external=_init_bytes(model) > LARGE_BYTES)
+    save_model(model, path, external=_init_bytes(model) > _large_bytes())
 
 
 def _rel(path: Path, out: Path) -> str:
@@ -211,9 +218,10 @@ def build_ort(src: Path, dst: Path, ctx: dict) -> dict:
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     opts.optimized_model_filepath = str(dst)
     opts.log_severity_level = 3
-    if sum(p.stat().st_size for p in [src, *external_data_files(src)]) > LARGE_BYTES:
+    if sum(p.stat().st_size for p in [src, *external_data_files(src)]) > _large_bytes():
         opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", dst.name + ".data")
-    ort.InferenceSession(str(src), opts, providers=["CPUExecutionProvider"])
+    with custom_ops.prepare_session(src, opts) as load_path:  # custom-op libraries / Python implementations
+        ort.InferenceSession(load_path, opts, providers=["CPUExecutionProvider"])
     if not dst.exists():
         raise RuntimeError("onnxruntime wrote no optimized model")
     return {"tool": f"onnxruntime {ort.__version__} offline optimization", "level": ORT_LEVEL, "portable": True,
@@ -258,7 +266,7 @@ def build_fp16(src: Path, dst: Path, ctx: dict) -> dict:
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     model = onnx.load(str(src))
-    half = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=_init_bytes(model) > LARGE_BYTES)
+    half = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=_init_bytes(model) > _large_bytes())
     _save(half, dst)
     return {"tool": "onnxruntime.transformers.float16", "keep_io_types": True}
 
@@ -292,7 +300,8 @@ def _quantize_dynamic(src: Path, dst: Path, exclude: Sequence[str] = ()) -> None
 
     quantize_dynamic(str(src), str(dst), per_channel=True, weight_type=QuantType.QInt8,
                      op_types_to_quantize=["MatMul", "Gemm"], nodes_to_exclude=list(exclude),
-                     use_external_data_format=src.stat().st_size > LARGE_BYTES,
+                     use_external_data_format=sum(p.stat().st_size for p in [src, *external_data_files(src)])
+                     > _large_bytes(),
                      extra_options={"MatMulConstBOnly": True})
 
 
@@ -565,17 +574,18 @@ def sensitive_matmuls(loaded: LoadedModel, src: Path, refs: _Refs, case_indices:
             tensors = refs.inputs[idx]
             feeds = {mapping[s.name]: t.numpy() for s, t in zip(loaded.inputs, tensors) if s.name in mapping}
             runs.append(dict(zip(names, sess.run(None, feeds))))
-    cost: dict[str, float] = {}
-    for n in cands:
-        w = onnx.numpy_helper.to_array(inits[n.input[1]]).astype(np.float32)
-        if n.op_type == "Gemm" and any(a.name == "transB" and a.i for a in n.attribute):
-            w = w.T
-        for values in runs:
-            x = values.get(n.input[0])
-            if x is None or not np.issubdtype(np.asarray(x).dtype, np.floating) or not np.size(x):
-                continue
-            x2 = np.asarray(x, dtype=np.float32).reshape(-1, w.shape[0])
-            cost[n.name] = cost.get(n.name, 0.0) + _int8_error(x2, w)
+        del sess
+        cost: dict[str, float] = {}
+        for n in cands:  # saving with external data moved the weights to tmp: read them from there
+            w = onnx.numpy_helper.to_array(inits[n.input[1]], base_dir=tmp).astype(np.float32)
+            if n.op_type == "Gemm" and any(a.name == "transB" and a.i for a in n.attribute):
+                w = w.T
+            for values in runs:
+                x = values.get(n.input[0])
+                if x is None or not np.issubdtype(np.asarray(x).dtype, np.floating) or not np.size(x):
+                    continue
+                x2 = np.asarray(x, dtype=np.float32).reshape(-1, w.shape[0])
+                cost[n.name] = cost.get(n.name, 0.0) + _int8_error(x2, w)
     return sorted(cost, key=lambda k: -cost[k])
 
 
@@ -751,5 +761,4 @@ def _copy_model(src: Path, dst: Path) -> None:
     if not data:
         shutil.copyfile(src, dst)
         return
-    model = onnx.load(str(src))
-    save_model(model, dst, external=True)
+    copy_model(src, dst)  # bytes copied, weights never loaded (models over 2 GB)

@@ -130,10 +130,10 @@ def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | N
             failed = tuple(CaseResult(c.label, shapes_for(loaded.inputs, c.sizes), c.values, float("inf"),
                                       float("inf"), False, f"onnxruntime cannot load the model: {msg}",
                                       sizes=dict(c.sizes)) for c in cases)
+            hint = ("the graph uses an operator (or operator version) this onnxruntime has no kernel for; "
+                    "try another --opset, or replace the op in the model")
             diag = error("onnxruntime-load-failed", f"onnxruntime cannot load the model: {msg}",
-                         node=_node_in(msg),
-                         hint="the graph uses an operator (or operator version) this onnxruntime has no kernel for; "
-                              "try another --opset, or replace the op in the model")
+                         node=_node_in(msg), hint=e.hint if "registered function/op" in msg else hint)
             return ParityResult(False, tolerance, failed, tuple(replace(d, proven=False) for d in dim_checks),
                                 (diag,), load_error=msg)
     onnx_inputs = [i.name for i in sess.get_inputs()]
