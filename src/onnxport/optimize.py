@@ -251,6 +251,9 @@ def _fuse_ort(src: Path, params: dict) -> tuple[onnx.ModelProto, dict[str, int],
     fused = {k: int(v) for k, v in (opt.get_fused_operator_statistics() or {}).items() if v}
     if fused.get("Attention") and not _fused_attention(opt.model):  # it counts the standard op too
         fused.pop("Attention")
+    have = {o.domain for o in opt.model.opset_import}
+    for domain in sorted({n.domain for n in opt.model.graph.node} - have - {"", "ai.onnx"}):
+        opt.model.opset_import.append(onnx.helper.make_opsetid(domain, 1))  # save_model_to_file would add it
     return opt.model, fused, "onnxruntime.transformers.optimizer (model_type, heads, hidden from the modules)"
 
 
