@@ -424,11 +424,10 @@ def build_int8(src: Path, dst: Path, ctx: dict) -> dict:
         from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
         quantize_static(str(src), str(dst), _calibration(loaded, src), quant_format=QuantFormat.QDQ,
-                        per_channel=True, reduce_range=True, activation_type=QuantType.QUInt8,
+                        per_channel=True, activation_type=QuantType.QUInt8,
                         weight_type=QuantType.QInt8, op_types_to_quantize=["Conv", "MatMul", "Gemm"],
                         extra_options={"ActivationSymmetric": False, "WeightSymmetric": True})
         return {"tool": "onnxruntime.quantization.quantize_static", "format": "QDQ", "per_channel": True,
-                "reduce_range": True,
                 "calibration": "8 generated inputs at the export, min and odd sizes"}
     if _matmul_weights(model) == 0:
         raise Skip("no MatMul/Gemm with constant weights and no Conv: nothing to quantize")
