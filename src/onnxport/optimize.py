@@ -952,7 +952,7 @@ def _int8_with_sensitivity(name: str, src: Path, dst: Path, ctx: dict, loaded: L
     failing = _failing_cases(loaded, refs, session(dst))
     kept: tuple[str, ...] = ()
     search = None
-    rounds = 0
+    rounds = evaluations = 0
     t_search = time.perf_counter()
     while failing and rounds < 4:
         rounds += 1
@@ -960,6 +960,7 @@ def _int8_with_sensitivity(name: str, src: Path, dst: Path, ctx: dict, loaded: L
         # after round 1 the simulation said "passes" where the real kernels did not: one more node at least
         search = int8_search(loaded, src, _worst_rows(loaded, refs, failing, session(dst)), start=kept,
                              min_steps=int(rounds > 1), reduce_range=details["reduce_range"])
+        evaluations += search.evaluations
         if search.kept == kept:
             break
         kept = search.kept
@@ -972,7 +973,7 @@ def _int8_with_sensitivity(name: str, src: Path, dst: Path, ctx: dict, loaded: L
     note = ("greedy: the node whose fp32 restores the task metric most is kept in fp32, one at a time, on a "
             "model simulating dynamic int8 per node (one run per question); then the real file is re-proven")
     sens = {"kept_fp32": list(kept), "of": search.candidates if search else 0, "plain_int8_metric": first_metric,
-            "method": note, "rounds": rounds, "evaluations": search.evaluations if search else 0,
+            "method": note, "rounds": rounds, "evaluations": evaluations,
             "search_seconds": round(time.perf_counter() - t_search - spent, 3)}
     return {**details, "quantized_ops": list(QUANT_OPS), "sensitivity": sens, "_proved": proved,
             "_prove_seconds": spent, "_prove_seconds_in_build": spent}
