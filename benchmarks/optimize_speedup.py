@@ -4,11 +4,12 @@ Targets (2-core CPU): >= 2.5x eager for MiniLM (judged on its mean-pooled senten
 and the TextClassifier (seq 128), >= 2x for resnet18.
 
     .venv/bin/python benchmarks/optimize_speedup.py [--models minilm,textclassifier,resnet18] [--work DIR]
-        [--variants slim,ort,fused,fp16,int8,fused+int8] [--seconds 10]
+        [--variants slim,ort,fused,fp16,int8,fused+int8] [--seconds 10] [--time-only]
 
 Each model is exported into WORK/<model>/ (reused when model.onnx is there), optimize.variants() builds and
 proves the variants, and then eager PyTorch, the plain export and OUT/best.onnx are timed interleaved
-round-robin on the same inputs and thread count, so machine noise hits all three alike.
+round-robin on the same inputs and thread count, so machine noise hits all three alike. ``--time-only``
+repeats just that timing on the files an earlier run left in WORK.
 """
 
 from __future__ import annotations
@@ -77,12 +78,24 @@ def side_by_side(loaded, files: dict[str, Path], sizes: dict[str, int], seconds:
     return {n: stats(t, 1)["p50_ms"] for n, t in times.items()}
 
 
+def _rows(key: str, p50: dict[str, float], target: float) -> list[str]:
+    eager = p50["pytorch-eager"]
+    rows = []
+    for n, ms in p50.items():
+        ratio = eager / ms
+        mark = "" if n in ("pytorch-eager", "export") else (" ✔" if ratio >= target else f" ✘ (target {target}x)")
+        rows.append(f"{key:15s} {n:24s} {ms:9.2f} ms  {ratio:5.2f}x eager{mark}")
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--work", default="/tmp/onnxport-optimize-bench")
     ap.add_argument("--variants", default=None)
     ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--time-only", action="store_true",
+                    help="reuse WORK/<model>/best.onnx from an earlier run (its name in best.txt); time only")
     args = ap.parse_args()
     torch.manual_seed(0)
     rows = []
@@ -95,6 +108,11 @@ def main() -> int:
         if not model.exists():
             print(f"[{key}] exporting", flush=True)
             model = Path(export(loaded, model).path)
+        if args.time_only and (out / "best.onnx").exists():
+            best = (out / "best.txt").read_text().strip() if (out / "best.txt").exists() else "best"
+            files = {"export": model, **({f"best ({best})": out / "best.onnx"} if best != optimize.BASELINE else {})}
+            rows += _rows(key, side_by_side(loaded, files, sizes, args.seconds), target)
+            continue
         print(f"[{key}] building and proving variants", flush=True)
         t0 = time.perf_counter()
         res = optimize.variants(loaded, model, out, names=args.variants.split(",") if args.variants else None,
@@ -107,15 +125,11 @@ def main() -> int:
                   f"{(v.reason or '')[:90]}", flush=True)
         best = res.best.name if res.best else "none"
         print(f"[{key}] best: {best} ({time.perf_counter() - t0:.0f} s building/proving)", flush=True)
+        (out / "best.txt").write_text(best)
         files = {"export": model}
         if res.best_path and best != optimize.BASELINE:
             files[f"best ({best})"] = res.best_path
-        p50 = side_by_side(loaded, files, sizes, args.seconds)
-        eager = p50["pytorch-eager"]
-        for n, ms in p50.items():
-            ratio = eager / ms
-            mark = "" if n == "pytorch-eager" else (" ✔" if ratio >= target else f" ✘ (target {target}x)")
-            rows.append(f"{key:15s} {n:22s} {ms:9.2f} ms  {ratio:5.2f}x eager{mark if n != 'export' else ''}")
+        rows += _rows(key, side_by_side(loaded, files, sizes, args.seconds), target)
     print(f"\nbatch 1, {default_threads()} threads, side by side (p50):")
     print("\n".join(rows))
     return 0

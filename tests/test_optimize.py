@@ -118,3 +118,120 @@ def test_select_best_on_synthetic_entries():
     assert select_best([]) is None
     as_dicts = [e.to_dict() for e in entries]
     assert select_best(as_dicts)["name"] == "fp16"
+
+
+OUTLIER = textwrap.dedent("""
+    import torch
+    from torch import nn
+
+    class Outlier(nn.Module):
+        '''One hidden channel ~1000x the others: per-tensor int8 of fc2's input wipes the small channels out.'''
+
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.fc1 = nn.Linear(8, 32)
+            self.fc2 = nn.Linear(32, 6)
+            with torch.no_grad():
+                self.fc1.bias[0] = 3000.0
+                self.fc2.weight[:, 0] *= 1e-5
+                self.fc2.bias.zero_()
+
+        def forward(self, x):
+            return self.fc2(torch.relu(self.fc1(x)))
+""")
+
+
+@pytest.fixture(scope="module")
+def outlier(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("outlier")
+    src = tmp / "outlier.py"
+    src.write_text(OUTLIER)
+    loaded = load_model(f"{src}:Outlier", inputs=["x:float32[batch,4,8]"])  # 3-D: MatMul, not Gemm
+    return tmp, loaded, _export(loaded, tmp / "model.onnx")
+
+
+def _fc_nodes(path: Path) -> list[str]:
+    import onnx
+
+    return [n.name for n in optimize._quant_candidates(onnx.load(str(path)))]
+
+
+def test_int8_search_keeps_only_the_sensitive_node_in_fp32(outlier):
+    tmp, loaded, model = outlier
+    result = optimize.variants(loaded, model, tmp, names=["int8"], **FAST)
+    v = {e.name: e for e in result.variants}["int8"]
+    sens = v.details["sensitivity"]
+    fc1, fc2 = _fc_nodes(model)
+    assert sens["plain_int8_metric"]["passed"] is False and sens["plain_int8_metric"]["value"] < 0.99
+    assert sens["kept_fp32"] == [fc2] and sens["of"] == 2  # fc1's input is benign: it stays int8
+    assert v.passed and v.metric["value"] >= 0.99
+    import onnx
+
+    ops = [n.op_type for n in onnx.load(str(tmp / v.path)).graph.node]
+    assert "MatMulInteger" in ops or "DynamicQuantizeMatMul" in ops or "QGemm" in ops or "QLinearMatMul" in ops
+
+
+def test_switch_model_simulates_dynamic_int8(outlier, tmp_path):
+    """The search's one-session model: no switch set = the fp32 model, every switch set = close to the real
+    quantize_dynamic file (7-bit weights, where the int8 kernels cannot saturate)."""
+    import numpy as np
+    import onnx
+
+    from onnxport.runtime import session
+
+    _, loaded, model = outlier
+    proto = onnx.load(str(model))
+    cands = optimize._quant_candidates(proto)
+    switches = optimize._switch_model(proto, cands, reduce_range=True)
+    onnx.save(proto, str(tmp_path / "switch.onnx"))
+    optimize._quantize_dynamic(model, tmp_path / "real.onnx", exclude=[cands[0].name], reduce_range=True)
+    x = np.random.default_rng(0).normal(size=(5, 4, 8)).astype(np.float32)
+    sw = session(tmp_path / "switch.onnx")
+    fp32 = session(model).run(None, {"x": x})[0]
+    real = session(tmp_path / "real.onnx").run(None, {"x": x})[0]
+    off = sw.run(None, {"x": x, **{s: np.array(False) for s in switches}})[0]
+    on = sw.run(None, {"x": x, switches[0]: np.array(False), switches[1]: np.array(True)})[0]
+    np.testing.assert_allclose(off, fp32, rtol=1e-6, atol=1e-5)
+    assert np.abs(on - fp32).max() > 1e-2  # the simulated int8 does change the output...
+    np.testing.assert_allclose(on, real, rtol=1e-3, atol=np.abs(fp32).max() * 1e-3)  # ...as the real one does
+
+
+def test_int8_chooses_weight_range_by_metric(text_run):
+    _, result = text_run
+    d = {v.name: v for v in result.variants}["int8"].details
+    margins = d["metric_margin"]
+    assert set(margins) == {"8-bit", "7-bit"} and all(isinstance(m, float) for m in margins.values())
+    assert d["reduce_range"] == (margins["7-bit"] > margins["8-bit"])
+
+
+def test_fused_reexports_when_the_given_graph_has_no_fusable_attention(text_run):
+    """The opset-23 dynamo export carries the standard Attention op, which no fusion touches; the variant
+    re-exports below opset 23, fuses ONNX Runtime's attention and still has to pass on the whole matrix."""
+    out, result = text_run
+    v = {e.name: e for e in result.variants}["fused"]
+    assert v.details["graph"] == "dynamo re-export" and "opset 18" in v.details["tool"]
+    assert any("no attention" in t for t in v.details["tried"])
+    import onnx
+
+    fused = onnx.load(str(out / v.path))
+    assert optimize._fused_attention(fused) >= 1
+    assert v.passed, v.reason
+
+
+@pytest.mark.slow
+def test_minilm_fused_int8_passes_with_few_fp32_nodes(minilm_dir, tmp_path):
+    """The real MiniLM: ONNX Runtime's Attention fused on a re-export, quantized to QAttention; plain dynamic
+    int8 misses cosine 0.99 on the mean-pooled embedding, and a handful of nodes kept in fp32 bring it back."""
+    import onnx
+
+    loaded = load_model(f"hf:{minilm_dir}")
+    model = _export(loaded, tmp_path / "model.onnx", "dynamo")
+    result = optimize.variants(loaded, model, tmp_path, names=["fused+int8"], **FAST)
+    v = {e.name: e for e in result.variants}["fused+int8"]
+    assert v.passed, v.reason
+    assert v.metric["name"] == "cosine (mean-pooled embedding)" and v.metric["value"] >= 0.99
+    sens = v.details["sensitivity"]
+    assert sens["plain_int8_metric"]["value"] < 0.99 and 1 <= len(sens["kept_fp32"]) <= 6 and sens["of"] >= 24
+    ops = {n.op_type for n in onnx.load(str(tmp_path / v.path)).graph.node}
+    assert "QAttention" in ops and "EmbedLayerNormalization" in ops

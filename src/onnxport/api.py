@@ -96,13 +96,15 @@ def export(source: str, out: str | Path, *, inputs: Sequence[str | InputSpec] | 
 QUICK_BENCH = {"batches": (1, 8), "warmup": 2, "min_runs": 20, "max_seconds": 2.0}
 
 
-def convert(source: str, out: str | Path, *, bench: dict | None = None, **kwargs: Any) -> dict:
-    """The whole pipeline for ``source``: export, check, prove, then a short benchmark (``bench``: options for
-    bench.run; ``{}`` skips it)."""
-    if kwargs.get("variants"):
-        from . import optimize
+def convert(source: str, out: str | Path, *, bench: dict | None = None, optimize: bool = True, **kwargs: Any) -> dict:
+    """The whole pipeline for ``source``: export, check, prove, optimize (every variant unless ``variants``
+    names some; ``optimize=False`` skips it), then a short benchmark (``bench``: options for bench.run;
+    ``{}`` skips it)."""
+    from . import optimize as optimize_mod
 
-        kwargs["variants"] = optimize.parse_names(kwargs["variants"])
+    if not optimize and kwargs.get("variants"):
+        raise UsageError("--variants and --no-optimize contradict each other", "drop one of them")
+    kwargs["variants"] = optimize_mod.parse_names(kwargs.get("variants")) if optimize else None
     return _pipeline(source, out, bench=QUICK_BENCH if bench is None else bench, **kwargs)
 
 

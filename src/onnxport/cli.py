@@ -119,11 +119,12 @@ def convert(source: Annotated[str, typer.Argument(help="model source, e.g. model
             trust_remote_code: TrustOpt = False,
             no_bench: Annotated[bool, typer.Option("--no-bench", help="skip the short benchmark")] = False,
             variants: Annotated[str | None, typer.Option(
-                "--variants", help="optimized variants to build and re-prove, e.g. slim,ort,fp16,int8")] = None,
+                "--variants", help="optimized variants to build and re-prove (default: all), e.g. slim,ort,int8")] = None,
+            no_optimize: Annotated[bool, typer.Option("--no-optimize", help="skip the optimized variants")] = False,
             custom_op_library: LibOpt = None) -> None:
-    """The whole pipeline: export, check, prove, (optimize), benchmark; writes OUT/."""
+    """The whole pipeline: export, check, prove, optimize, benchmark; writes OUT/."""
     _run("convert", source, out, input, dim, model_args, weights, task, exporter, opset, device, json_out, force,
-         atol, rtol, trust_remote_code, bench={} if no_bench else None, variants=variants,
+         atol, rtol, trust_remote_code, bench={} if no_bench else None, variants=variants, optimize=not no_optimize,
          custom_op_libraries=custom_op_library or [])
 
 

@@ -215,7 +215,20 @@ def test_bench_report_and_convert_commands(tmp_path):
     proc = run_cli("convert", f"{MODELS}:TinyMLP", "-i", "x:float32[batch,8]", "-o", str(conv), "--no-bench",
                    "--exporter", "torchscript")
     assert proc.returncode == 0, proc.stderr
-    assert load_report(conv)["benchmark"] is None
+    rep = load_report(conv)
+    assert rep["benchmark"] is None
+    names = [v["name"] for v in rep["variants"]]  # convert optimizes by default: every variant, re-proven
+    assert names[0] == "export" and {"slim", "ort", "fp16", "int8"} <= set(names)
+    assert rep["best"]["name"] in names and (conv / "best.onnx").is_file() and "optimize" in rep["timings"]
+    assert "variants" in proc.stderr
+    plain = tmp_path / "PLAIN"
+    proc = run_cli("convert", f"{MODELS}:TinyMLP", "-i", "x:float32[batch,8]", "-o", str(plain), "--no-bench",
+                   "--exporter", "torchscript", "--no-optimize")
+    assert proc.returncode == 0, proc.stderr
+    assert load_report(plain)["variants"] == [] and not (plain / "best.onnx").exists()
+    assert not (plain / "variants").exists()
+    _assert_clean_error(run_cli("convert", f"{MODELS}:TinyMLP", "-i", "x:float32[batch,8]", "-o", str(plain),
+                                "--force", "--no-optimize", "--variants", "slim"))
 
 
 def test_triton_and_serve_commands(tmp_path):
