@@ -15,6 +15,7 @@ repeats just that timing on the files an earlier run left in WORK.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
@@ -28,7 +29,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from onnxport import optimize  # noqa: E402
 from onnxport.api import load_model  # noqa: E402
 from onnxport.backends import OrtBackend, TorchBackend, default_threads  # noqa: E402
-from onnxport.bench import interleave, stats  # noqa: E402
+from onnxport.bench import stats, timed_blocks  # noqa: E402
 from onnxport.export import export  # noqa: E402
 from onnxport.parity import input_mapping  # noqa: E402
 from onnxport.samples import export_sizes, make_inputs  # noqa: E402
@@ -51,7 +52,7 @@ MODELS = {
 
 
 def side_by_side(loaded, files: dict[str, Path], sizes: dict[str, int], seconds: float) -> dict[str, float]:
-    """p50 ms of eager PyTorch and each ONNX file, interleaved round-robin."""
+    """p50 ms of eager PyTorch and each ONNX file, timed in interleaved warm blocks."""
     threads = default_threads()
     sizes = {**export_sizes(loaded.dims), **{k: v for k, v in sizes.items() if k in loaded.dims}}
     tensors = make_inputs(loaded.inputs, sizes, "random", 11)
@@ -65,14 +66,7 @@ def side_by_side(loaded, files: dict[str, Path], sizes: dict[str, int], seconds:
         feeds[n] = {mapping[s.name]: t.numpy() for s, t in zip(loaded.inputs, tensors) if s.name in mapping}
         r.run(feeds[n])
         r.run(feeds[n])
-    times: dict[str, list[float]] = {n: [] for n in runners}
-    end, k = time.perf_counter() + seconds, 0
-    while time.perf_counter() < end or any(len(t) < 5 for t in times.values()):
-        for n in interleave(list(runners), k):
-            t0 = time.perf_counter()
-            runners[n].run(feeds[n])
-            times[n].append(time.perf_counter() - t0)
-        k += 1
+    times = timed_blocks({n: functools.partial(r.run, feeds[n]) for n, r in runners.items()}, seconds=seconds)
     for r in runners.values():
         r.close()
     return {n: stats(t, 1)["p50_ms"] for n, t in times.items()}

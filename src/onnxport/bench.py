@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import gc
 import json
 import math
@@ -69,6 +70,43 @@ def interleave(names: Sequence[str], round_index: int) -> list[str]:
         return []
     k = round_index % len(names)
     return list(names[k:]) + list(names[:k])
+
+
+def timed_blocks(runs: dict[str, Callable[[], object]], *, seconds: float, min_runs: int = 5, block: int = 3,
+                 enough_at_min_runs: bool = False) -> dict[str, list[float]]:
+    """Seconds per call of each zero-argument ``runs[name]``, interleaved in blocks.
+
+    Each round gives every callable one untimed call (caches and the other runtime's spinning threads
+    settle) then ``block`` timed calls, in an order rotated per round. It stops once ``seconds`` have passed
+    and each has ``min_runs`` times; with ``enough_at_min_runs``, as soon as each has ``min_runs`` (``seconds``
+    is then a cap). Blocks keep each model's weights warm in the cache, as in production; interleaving them
+    spreads machine noise over all alike. GC is off while timing.
+    """
+    times: dict[str, list[float]] = {n: [] for n in runs}
+    block = max(1, min(block, min_runs))
+    gc.collect()
+    gc_was = gc.isenabled()
+    gc.disable()
+    t_end = time.perf_counter() + seconds
+    try:
+        r = 0
+        while True:
+            for name in interleave(list(runs), r):
+                fn = runs[name]
+                fn()
+                for _ in range(block):
+                    t0 = time.perf_counter()
+                    fn()
+                    times[name].append(time.perf_counter() - t0)
+            r += 1
+            counted = all(len(t) >= min_runs for t in times.values())
+            late = time.perf_counter() >= t_end
+            if (counted and (late or enough_at_min_runs)) or (late and enough_at_min_runs) or r > 100_000:
+                break
+    finally:
+        if gc_was:
+            gc.enable()
+    return times
 
 
 # --------------------------------------------------------------------------- FLOPs
@@ -412,23 +450,11 @@ def gemm_peak(threads: int | None = None, *, cache_file: str | Path | None = Non
 def _measure(backends: list[OrtBackend], feeds: dict[str, np.ndarray], seconds: float, min_runs: int = 5,
              block: int = 3) -> list[float]:
     """Interleaved p50 (ms) of already-open ONNX Runtime backends on ``feeds`` within about ``seconds``."""
-    times: list[list[float]] = [[] for _ in backends]
     for b in backends:
         b.run(feeds)
-        b.run(feeds)
-    t_end = time.perf_counter() + seconds
-    r = 0
-    while True:
-        for i in interleave(list(range(len(backends))), r):  # type: ignore[arg-type]
-            backends[i].run(feeds)
-            for _ in range(block):
-                t0 = time.perf_counter()
-                backends[i].run(feeds)
-                times[i].append(time.perf_counter() - t0)
-        r += 1
-        if time.perf_counter() >= t_end and all(len(t) >= min_runs for t in times):
-            break
-    return [float(np.percentile(t, 50)) * 1e3 for t in times]
+    times = timed_blocks({str(i): functools.partial(b.run, feeds) for i, b in enumerate(backends)},
+                         seconds=seconds, min_runs=min_runs, block=block)
+    return [float(np.percentile(times[str(i)], 50)) * 1e3 for i in range(len(backends))]
 
 
 def _candidates(threads: int) -> list[dict]:
@@ -690,29 +716,8 @@ def _bench_one(backends: list[Backend], feeds: dict[str, np.ndarray], batch: int
             notes.append(f"{label}: {b.name} fails: {str(e).strip().splitlines()[0][:200] if str(e).strip() else e!r}")
     if not live:
         return []
-    times: dict[str, list[float]] = {b.name: [] for b in live}
-    by_name = {b.name: b for b in live}
-    block = max(1, min(block, min_runs))
-    gc.collect()
-    gc_was = gc.isenabled()
-    gc.disable()
-    t_end = time.perf_counter() + max_seconds
-    try:
-        r = 0
-        while True:
-            for name in interleave(list(by_name), r):
-                b = by_name[name]
-                b.run(feeds)  # untimed: lets caches and the other runtime's spinning threads settle
-                for _ in range(block):
-                    t0 = time.perf_counter()
-                    b.run(feeds)
-                    times[name].append(time.perf_counter() - t0)
-            r += 1
-            if all(len(t) >= min_runs for t in times.values()) or time.perf_counter() >= t_end:
-                break
-    finally:
-        if gc_was:
-            gc.enable()
+    times = timed_blocks({b.name: functools.partial(b.run, feeds) for b in live}, seconds=max_seconds,
+                         min_runs=min_runs, block=block, enough_at_min_runs=True)
     ref_name = live[0].name
     ref_p50 = None
     rows = []

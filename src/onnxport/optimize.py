@@ -16,6 +16,7 @@ divergence and are never chosen. Latency is measured with ONNX Runtime, interlea
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 import tempfile
 import time
@@ -29,7 +30,7 @@ import onnx
 
 from . import custom_ops
 from .backends import OrtBackend, default_threads
-from .bench import bench_sizes, interleave, stats
+from .bench import bench_sizes, stats, timed_blocks
 from .check import check
 from .errors import UsageError
 from .export import copy_model, external_data_files, save_model
@@ -644,7 +645,7 @@ def _localize(loaded: LoadedModel, path: Path, refs: _Refs, result: ParityResult
 
 def measure(paths: dict[str, Path], loaded: LoadedModel, batches: Sequence[int], *, seq: int | None = None,
             seconds: float = 1.5, threads: int | None = None) -> dict[str, dict[str, float]]:
-    """p50 ms per name and batch, all files interleaved round-robin on the same inputs and thread count."""
+    """p50 ms per name and batch, all files timed in interleaved warm blocks on the same inputs and threads."""
     threads = threads or default_threads()
     backends = {}
     for name, p in paths.items():
@@ -670,17 +671,7 @@ def measure(paths: dict[str, Path], loaded: LoadedModel, batches: Sequence[int],
             except Exception:  # noqa: BLE001 - a file that fails at this shape is not timed here
                 continue
             names.append(n)
-        times: dict[str, list[float]] = {n: [] for n in names}
-        end = time.perf_counter() + seconds
-        r = 0
-        while time.perf_counter() < end or any(len(t) < 5 for t in times.values()):
-            for n in interleave(names, r):
-                t0 = time.perf_counter()
-                backends[n].run(feeds_by[n])
-                times[n].append(time.perf_counter() - t0)
-            r += 1
-            if r > 10000:
-                break
+        times = timed_blocks({n: functools.partial(backends[n].run, feeds_by[n]) for n in names}, seconds=seconds)
         for n in names:
             out[n][str(batch)] = round(stats(times[n], batch)["p50_ms"], 4)
     for b in backends.values():
