@@ -150,13 +150,18 @@ def discover(module, args: Sequence) -> tuple[CustomFunction, ...]:
     except Exception:  # noqa: BLE001 - a model that cannot run here fails in parity, with the reason
         return ()
     finally:
-        for cls, old in saved.items():
-            if old is None:
-                with contextlib.suppress(AttributeError):
-                    delattr(cls, _APPLY_KEY)
-            else:
-                setattr(cls, _APPLY_KEY, old)
+        _restore_apply(saved)
     return tuple(calls.values())
+
+
+def _restore_apply(saved: dict[type, Any]) -> None:
+    """Put back each class's own ``apply`` (or remove the patched one when it had none of its own)."""
+    for cls, old in saved.items():
+        if old is None:
+            with contextlib.suppress(AttributeError):
+                delattr(cls, _APPLY_KEY)
+        else:
+            setattr(cls, _APPLY_KEY, old)
 
 
 def discover_loaded(loaded) -> tuple[CustomFunction, ...]:
@@ -365,12 +370,7 @@ def opaque(functions: Sequence[CustomFunction]) -> Iterator[dict]:
             cls.apply = classmethod(dispatch)
         yield {op: fn for fn, op in ops.items()}
     finally:
-        for cls, old in saved.items():
-            if old is None:
-                with contextlib.suppress(AttributeError):
-                    delattr(cls, _APPLY_KEY)
-            else:
-                setattr(cls, _APPLY_KEY, old)
+        _restore_apply(saved)
 
 
 def translation_table(functions: Sequence[CustomFunction], opset: int) -> dict:
