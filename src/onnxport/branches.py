@@ -73,11 +73,13 @@ class _Prober:
         self.sess = session(probe_path, opt_level="basic")
         self.names = [s.probe for s in found]
         self.onnx_inputs = [i.name for i in self.sess.get_inputs()]
+        self.mapping: dict[str, str] | None = None
 
     def run(self, loaded: LoadedModel, case: Case) -> dict[str, np.ndarray] | None:
         inputs = make_inputs(loaded.inputs, case.sizes, case.values, case.seed)
-        mapping = input_mapping(loaded.inputs, self.onnx_inputs)
-        feeds = {mapping[s.name]: t.numpy() for s, t in zip(loaded.inputs, inputs) if s.name in mapping}
+        if self.mapping is None:
+            self.mapping = input_mapping(loaded.inputs, self.onnx_inputs)
+        feeds = {self.mapping[s.name]: t.numpy() for s, t in zip(loaded.inputs, inputs) if s.name in self.mapping}
         try:
             values = self.sess.run(self.names, feeds)
         except Exception:  # noqa: BLE001 - a case ONNX Runtime cannot run is parity's to report

@@ -90,15 +90,16 @@ def _io(value: onnx.ValueInfoProto) -> dict:
     return {"name": value.name, "dtype": _dtype_name(t.elem_type), "shape": shape}
 
 
-def _walk_nodes(graph: onnx.GraphProto):
+def walk_nodes(graph: onnx.GraphProto):
+    """Every node of ``graph``, those in If/Loop/Scan subgraphs included."""
     for node in graph.node:
         yield node
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _walk_nodes(attr.g)
+                yield from walk_nodes(attr.g)
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 for g in attr.graphs:
-                    yield from _walk_nodes(g)
+                    yield from walk_nodes(g)
 
 
 def file_bytes(path: Path) -> int:
@@ -145,7 +146,7 @@ def check(path: str | Path, inputs: tuple[InputSpec, ...] | None = None, dims: d
     graph_inputs = tuple(_io(v) for v in graph.input if v.name not in init_names)
     graph_outputs = tuple(_io(v) for v in graph.output)
     histogram = Counter(
-        (f"{n.domain}.{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type) for n in _walk_nodes(graph)
+        (f"{n.domain}.{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type) for n in walk_nodes(graph)
     )
     params = sum(math.prod(t.dims) for t in graph.initializer
                  if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,

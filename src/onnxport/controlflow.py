@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import copy
 import inspect
+import re
 import textwrap
 import types
 from collections.abc import Iterable
@@ -37,7 +38,8 @@ class Rewrite:
 # --------------------------------------------------------------------------- reading forward()
 
 
-def _same_file(a: str, b: str) -> bool:
+def same_file(a: str, b: str) -> bool:
+    """Whether two paths name the same source file (one may be relative to the other)."""
     a, b = a.replace("\\", "/"), b.replace("\\", "/")
     return a == b or a.endswith("/" + b.lstrip("./")) or b.endswith("/" + a.lstrip("./"))
 
@@ -72,7 +74,7 @@ def _lines_in(mod: nn.Module, lines: Iterable[Line]) -> set[int]:
         return set()
     file, start, node, _ = src
     end = start + (node.end_lineno or 1)
-    return {ln - start + 1 for f, ln in lines if _same_file(f, file) and start <= ln < end}
+    return {ln - start + 1 for f, ln in lines if same_file(f, file) and start <= ln < end}
 
 
 # --------------------------------------------------------------------------- torch.cond rewrite
@@ -193,8 +195,6 @@ def _short(exc: BaseException) -> str:
 
 def _script_error_line(exc: BaseException) -> Line | None:
     """The user line torch.jit.script pointed at in its error message."""
-    import re
-
     for m in re.finditer(r'File "([^"]+)", line (\d+)', str(exc)):
         if "/torch/" not in m.group(1) and "site-packages" not in m.group(1):
             return m.group(1), int(m.group(2))

@@ -492,19 +492,12 @@ def python_ops() -> dict[tuple[str, str], Callable]:
 
 def model_custom_ops(model) -> list[tuple[str, str]]:
     """(domain, op_type) of every node outside the standard and Microsoft domains, subgraphs included."""
+    from .check import walk_nodes
+
     found: dict[tuple[str, str], None] = {}
-
-    def walk(graph):
-        for node in graph.node:
-            if node.domain not in ("", "ai.onnx", "com.microsoft", "ai.onnx.ml"):
-                found[(node.domain, node.op_type)] = None
-            for attr in node.attribute:
-                if attr.g.node:
-                    walk(attr.g)
-                for sub in attr.graphs:
-                    walk(sub)
-
-    walk(model.graph)
+    for node in walk_nodes(model.graph):
+        if node.domain not in ("", "ai.onnx", "com.microsoft", "ai.onnx.ml"):
+            found[(node.domain, node.op_type)] = None
     for f in model.functions:
         for node in f.node:
             if node.domain not in ("", "ai.onnx", "com.microsoft", "ai.onnx.ml", f.domain):
@@ -553,17 +546,11 @@ def prepare_session(path: str | Path, opts) -> Iterator[str]:
 def _move_domain(model, moved: set[tuple[str, str]]) -> None:
     import onnx
 
-    def walk(graph):
-        for node in graph.node:
-            if (node.domain, node.op_type) in moved:
-                node.domain = ORTX_DOMAIN
-            for attr in node.attribute:
-                if attr.g.node:
-                    walk(attr.g)
-                for sub in attr.graphs:
-                    walk(sub)
+    from .check import walk_nodes
 
-    walk(model.graph)
+    for node in walk_nodes(model.graph):
+        if (node.domain, node.op_type) in moved:
+            node.domain = ORTX_DOMAIN
     if not any(o.domain == ORTX_DOMAIN for o in model.opset_import):
         model.opset_import.append(onnx.helper.make_opsetid(ORTX_DOMAIN, 1))
 

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .controlflow import same_file
 from .diagnostics import Diagnostic, error, warning
 from .export import Attempt
 from .localize import Divergence, record_modules
@@ -25,11 +26,6 @@ _SKIP_FILES = ("/torch/", "/onnxport/", "site-packages", "<frozen", "<string>", 
 # --------------------------------------------------------------------------- where in the user's code
 
 
-def _same_file(a: str, b: str) -> bool:
-    a, b = a.replace("\\", "/"), b.replace("\\", "/")
-    return a == b or a.endswith("/" + b.lstrip("./")) or b.endswith("/" + a.lstrip("./"))
-
-
 def module_at(model: torch.nn.Module, file: str, line: int) -> str | None:
     """The deepest module whose class's forward() contains ``file:line`` ('' for the root model)."""
     best: str | None = None
@@ -40,7 +36,7 @@ def module_at(model: torch.nn.Module, file: str, line: int) -> str | None:
             lines, start = inspect.getsourcelines(fn)
         except (TypeError, OSError):
             continue
-        inside = bool(src) and _same_file(src, file) and start <= line < start + len(lines)
+        inside = bool(src) and same_file(src, file) and start <= line < start + len(lines)
         if inside and (best is None or path.count(".") + bool(path) > best.count(".") + bool(best)):
             best = path
     return best

@@ -432,11 +432,9 @@ def export(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", ops
         stale.unlink(missing_ok=True)
     try:
         for name in order:
-            if done and (name in EXPORTERS or not done[0][0].frozen):
-                if exporter == "auto" and name in EXPORTERS:
-                    continue  # one plain export is enough: the other would freeze the same way
-                break
-            if any(a.ok and not a.frozen for a, _, _ in done):
+            if done and name in EXPORTERS:
+                continue  # one plain export is enough: the other would freeze the same way
+            if any(not a.frozen for a, _, _ in done):
                 break
             base = BASE_EXPORTER[name]
             use_opset = min(opset, exporter_max_opset(base)) if opset else default_opset(base)

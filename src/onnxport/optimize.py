@@ -31,7 +31,7 @@ import onnx
 from . import custom_ops
 from .backends import OrtBackend, default_threads
 from .bench import bench_sizes, stats, timed_blocks
-from .check import check
+from .check import check, file_bytes
 from .errors import UsageError
 from .export import copy_model, external_data_files, save_model
 from .parity import FP16, FP32, ParityResult, Tolerance, compare, input_mapping, run_torch
@@ -221,7 +221,7 @@ def build_ort(src: Path, dst: Path, ctx: dict) -> dict:
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     opts.optimized_model_filepath = str(dst)
     opts.log_severity_level = 3
-    if sum(p.stat().st_size for p in [src, *external_data_files(src)]) > _large_bytes():
+    if file_bytes(src) > _large_bytes():
         opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", dst.name + ".data")
     with custom_ops.prepare_session(src, opts) as load_path:  # custom-op libraries / Python implementations
         ort.InferenceSession(load_path, opts, providers=["CPUExecutionProvider"])
@@ -421,7 +421,7 @@ def _quantize_dynamic(src: Path, dst: Path, exclude: Sequence[str] = (), reduce_
     quantize_dynamic(str(src), str(dst), per_channel=True, reduce_range=reduce_range, weight_type=QuantType.QInt8,
                      op_types_to_quantize=[o for o in QUANT_OPS if o in ops] or ["MatMul"],
                      nodes_to_exclude=list(exclude),
-                     use_external_data_format=sum(p.stat().st_size for p in [src, *external_data_files(src)])
+                     use_external_data_format=file_bytes(src)
                      > _large_bytes(),
                      extra_options={"MatMulConstBOnly": True,
                                     # fused contrib ops have no shape-inferred types; their tensors are float
@@ -900,7 +900,7 @@ def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path, *
     say("timing the variants against the plain export")
     timed = {BASELINE: model_path, **{e.name: vdir / f"{e.name}.onnx" for e in entries[1:] if e.path}}
     first_key = str(list(bench_batches)[0]) if bench_batches else "1"
-    on_disk = {n: sum(f.stat().st_size for f in [p, *external_data_files(p)]) for n, p in timed.items() if p.exists()}
+    on_disk = {n: file_bytes(p) for n, p in timed.items() if p.exists()}
     if sum(on_disk.values()) <= TIMING_MEMORY_BYTES:
         lat = measure(timed, loaded, bench_batches, seq=bench_seq, seconds=bench_seconds, threads=threads)
         base = dict.fromkeys(timed, lat.get(BASELINE, {}).get("1")
