@@ -141,6 +141,13 @@ def test_io_binding_runs_for_real_on_the_cpu(mlp_onnx):
     np.testing.assert_allclose(y, sess.run(None, {"x": x})[0], atol=0)
 
 
+def test_sessions_stop_spinning_when_a_run_ends(mlp_onnx):
+    """Idle pools of one session must not spin on the cores the next session (or PyTorch) is timed on."""
+    path, _ = mlp_onnx
+    for sess in (runtime.session(path), runtime.session(path, threads=2, opt_level="basic")):
+        assert sess.get_session_options().get_session_config_entry("session.force_spinning_stop") == "1"
+
+
 def test_ort_backend_with_io_binding_rebinds_only_new_arrays(mlp_onnx):
     path, _ = mlp_onnx
     backend = OrtBackend(path, io_binding=True, threads=1)
