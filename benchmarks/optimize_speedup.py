@@ -1,15 +1,17 @@
-"""Best passing optimization variant vs PyTorch eager at batch 1, side by side in one run.
+"""Best passing optimization variant vs PyTorch eager at batch 1, side by side in one run, per sequence length.
 
 Targets (2-core CPU): >= 2.5x eager for MiniLM (judged on its mean-pooled sentence embedding, cosine >= 0.99)
-and the TextClassifier (seq 128), >= 2x for resnet18.
+and the TextClassifier, >= 2x for resnet18.
 
     .venv/bin/python benchmarks/optimize_speedup.py [--models minilm,textclassifier,resnet18] [--work DIR]
-        [--variants slim,ort,fused,fp16,int8,fused+int8] [--seconds 10] [--time-only]
+        [--variants slim,ort,fused,fp16,int8,fused+int8] [--seq 16,32,64,128] [--seconds 10] [--time-only]
 
-Each model is exported into WORK/<model>/ (reused when model.onnx is there), optimize.variants() builds and
-proves the variants, and then eager PyTorch, the plain export and OUT/best.onnx are timed interleaved
-round-robin on the same inputs and thread count, so machine noise hits all three alike. ``--time-only``
-repeats just that timing on the files an earlier run left in WORK.
+Each model is exported into WORK/<model>/ (reused when model.onnx is there) and optimize.variants() builds
+and proves the variants (chosen at the first --seq). Then, at each sequence length (text models), eager
+PyTorch, the plain export and every variant that passed are timed interleaved in warm blocks on the same
+inputs and thread count, so machine noise hits all alike; the fastest passing file at that length is the
+row judged against the target. ``--time-only`` repeats just that timing on the files an earlier run left in
+WORK (the passing names are in WORK/<model>/passed.txt).
 """
 
 from __future__ import annotations
@@ -42,17 +44,20 @@ def _minilm() -> str:
 
 
 MODELS = {
-    "minilm": (lambda: load_model(_minilm()), {"batch": 1, "seq": 128}, 2.5),
+    "minilm": (lambda: load_model(_minilm()), {"batch": 1}, 2.5),
     "textclassifier": (lambda: load_model(
         f"{ROOT}/examples/text_classifier.py:TextClassifier", inputs=["input_ids:int64[batch,seq]"],
         dims=["batch=1..64", "seq=1..512"], model_args={"vocab_size": 30000, "embed_dim": 256, "num_classes": 10}),
-        {"batch": 1, "seq": 128}, 2.5),
+        {"batch": 1}, 2.5),
     "resnet18": (lambda: load_model("torchvision:resnet18"), {"batch": 1, "height": 224, "width": 224}, 2.0),
 }
 
 
-def side_by_side(loaded, files: dict[str, Path], sizes: dict[str, int], seconds: float) -> dict[str, float]:
-    """p50 ms of eager PyTorch and each ONNX file, timed in interleaved warm blocks."""
+def side_by_side(loaded, files: dict[str, Path], sizes: dict[str, int], seconds: float
+                 ) -> tuple[dict[str, float], dict[str, float]]:
+    """p50 ms of eager PyTorch and each ONNX file, timed in interleaved warm blocks, and each one's speedup
+    over eager as the median over rounds of (eager's block median / its block median): the host's slow drift
+    then cancels out, which it does not in a ratio of whole-run p50s."""
     threads = default_threads()
     sizes = {**export_sizes(loaded.dims), **{k: v for k, v in sizes.items() if k in loaded.dims}}
     tensors = make_inputs(loaded.inputs, sizes, "random", 11)
@@ -66,19 +71,37 @@ def side_by_side(loaded, files: dict[str, Path], sizes: dict[str, int], seconds:
         feeds[n] = {mapping[s.name]: t.numpy() for s, t in zip(loaded.inputs, tensors) if s.name in mapping}
         r.run(feeds[n])
         r.run(feeds[n])
-    times = timed_blocks({n: functools.partial(r.run, feeds[n]) for n, r in runners.items()}, seconds=seconds)
+    times = timed_blocks({n: functools.partial(r.run, feeds[n]) for n, r in runners.items()}, seconds=seconds,
+                         block=BLOCK)
     for r in runners.values():
         r.close()
-    return {n: stats(t, 1)["p50_ms"] for n, t in times.items()}
+    p50 = {n: stats(t, 1)["p50_ms"] for n, t in times.items()}
+    return p50, {n: round_ratio(times["pytorch-eager"], t, BLOCK) for n, t in times.items()}
 
 
-def _rows(key: str, p50: dict[str, float], target: float) -> list[str]:
-    eager = p50["pytorch-eager"]
+BLOCK = 3  # timed calls per block (timed_blocks' default)
+
+
+def round_ratio(base: list[float], other: list[float], block: int) -> float:
+    """Median over rounds of median(base block) / median(other block)."""
+    rounds = min(len(base), len(other)) // block
+    return float(np.median([np.median(base[i * block:(i + 1) * block]) / np.median(other[i * block:(i + 1) * block])
+                            for i in range(rounds)]))
+
+
+def _rows(key: str, timed: tuple[dict[str, float], dict[str, float]], target: float, seq: int | None) -> list[str]:
+    """One line per timed file; the fastest passing variant (or the export, if none is faster) is judged."""
+    p50, ratios = timed
+    onnx_files = {n: r for n, r in ratios.items() if n != "pytorch-eager"}
+    best = max(onnx_files, key=onnx_files.__getitem__) if onnx_files else None
+    where = f"{key} seq {seq}" if seq else key
     rows = []
     for n, ms in p50.items():
-        ratio = eager / ms
-        mark = "" if n in ("pytorch-eager", "export") else (" ✔" if ratio >= target else f" ✘ (target {target}x)")
-        rows.append(f"{key:15s} {n:24s} {ms:9.2f} ms  {ratio:5.2f}x eager{mark}")
+        ratio = ratios[n]
+        mark = ""
+        if n == best:
+            mark = "  <- best" + (" ✔" if ratio >= target else f" ✘ (target {target}x)")
+        rows.append(f"{where:22s} {n:18s} {ms:9.2f} ms  {ratio:5.2f}x eager (per-round median){mark}")
     return rows
 
 
@@ -87,44 +110,47 @@ def main() -> int:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--work", default="/tmp/onnxport-optimize-bench")
     ap.add_argument("--variants", default=None)
+    ap.add_argument("--seq", default="16,32,64,128", help="sequence lengths for the text models")
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--time-only", action="store_true",
-                    help="reuse WORK/<model>/best.onnx from an earlier run (its name in best.txt); time only")
+                    help="reuse the files an earlier run left in WORK/<model>/; time only")
     args = ap.parse_args()
     torch.manual_seed(0)
+    seqs = [int(x) for x in args.seq.split(",") if x]
     rows = []
     for key in args.models.split(","):
         make, sizes, target = MODELS[key]
         out = Path(args.work) / key
         out.mkdir(parents=True, exist_ok=True)
         loaded = make()
+        text = any(s.dtype.startswith("int") for s in loaded.inputs)
         model = out / "model.onnx"
         if not model.exists():
             print(f"[{key}] exporting", flush=True)
             model = Path(export(loaded, model).path)
-        if args.time_only and (out / "best.onnx").exists():
-            best = (out / "best.txt").read_text().strip() if (out / "best.txt").exists() else "best"
-            files = {"export": model, **({f"best ({best})": out / "best.onnx"} if best != optimize.BASELINE else {})}
-            rows += _rows(key, side_by_side(loaded, files, sizes, args.seconds), target)
-            continue
-        print(f"[{key}] building and proving variants", flush=True)
-        t0 = time.perf_counter()
-        res = optimize.variants(loaded, model, out, names=args.variants.split(",") if args.variants else None,
-                                bench_seq=sizes.get("seq"), progress=lambda m, k=key: print(f"[{k}]   {m}", flush=True))
-        for v in res.variants:
-            metric = v.metric or {}
-            mv = metric.get("value")
-            print(f"[{key}]   {v.name:11s} passed={v.passed!s:5s} p50@1={v.latency_ms.get('1', float('nan')):8.2f} ms "
-                  f"{metric.get('name', '')}={'n/a' if mv is None else f'{mv:.4f}'} "
-                  f"{(v.reason or '')[:90]}", flush=True)
-        best = res.best.name if res.best else "none"
-        print(f"[{key}] best: {best} ({time.perf_counter() - t0:.0f} s building/proving)", flush=True)
-        (out / "best.txt").write_text(best)
+        listed = out / "passed.txt"
+        if not (args.time_only and listed.exists()):
+            print(f"[{key}] building and proving variants", flush=True)
+            t0 = time.perf_counter()
+            res = optimize.variants(loaded, model, out, names=args.variants.split(",") if args.variants else None,
+                                    bench_seq=seqs[0] if text else None,
+                                    progress=lambda m, k=key: print(f"[{k}]   {m}", flush=True))
+            for v in res.variants:
+                metric = v.metric or {}
+                mv = metric.get("value")
+                print(f"[{key}]   {v.name:11s} passed={v.passed!s:5s} p50@1={v.latency_ms.get('1', float('nan')):8.2f}"
+                      f" ms {metric.get('name', '')}={'n/a' if mv is None else f'{mv:.4f}'} "
+                      f"{(v.reason or '')[:90]}", flush=True)
+            best = res.best.name if res.best else "none"
+            print(f"[{key}] chosen: {best} ({time.perf_counter() - t0:.0f} s building/proving)", flush=True)
+            listed.write_text("\n".join(v.name for v in res.variants if v.passed))
         files = {"export": model}
-        if res.best_path and best != optimize.BASELINE:
-            files[f"best ({best})"] = res.best_path
-        rows += _rows(key, side_by_side(loaded, files, sizes, args.seconds), target)
-    print(f"\nbatch 1, {default_threads()} threads, side by side (p50):")
+        files.update({n: out / "variants" / f"{n}.onnx" for n in listed.read_text().split()
+                      if (out / "variants" / f"{n}.onnx").exists()})
+        for seq in (seqs if text else [None]):
+            at = {**sizes, **({"seq": seq} if seq else {})}
+            rows += _rows(key, side_by_side(loaded, files, at, args.seconds), target, seq)
+    print(f"\nbatch 1, {default_threads()} threads, interleaved warm blocks, p50:")
     print("\n".join(rows))
     return 0
 

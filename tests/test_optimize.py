@@ -74,6 +74,15 @@ def test_best_is_fastest_passing_and_copied(text_run):
     assert (out / "best.onnx").is_file()
     passing = [v for v in result.variants if v.passed]
     assert result.best.latency_ms["1"] <= min(v.latency_ms["1"] for v in passing) or result.best.name == "export"
+    assert result.timed_at == {"batch": 1, "seq": 16}  # the export size of seq=1..32
+
+
+def test_variants_are_timed_and_chosen_at_the_given_sequence_length(tmp_path):
+    loaded = load_model(f"{MODELS}:TinyText", inputs=["input_ids:int64[batch,seq]"], dims=["seq=1..32"])
+    model = _export(loaded, tmp_path / "model.onnx", "dynamo")
+    result = optimize.variants(loaded, model, tmp_path, names=["slim"], bench_seq=29, **FAST)
+    assert result.timed_at == {"batch": 1, "seq": 29}
+    assert all(v.latency_ms.get("1") for v in result.variants)
 
 
 def test_entries_fit_the_report_schema(text_run):

@@ -105,7 +105,9 @@ def convert(source: str, out: str | Path, *, bench: dict | None = None, optimize
     if not optimize and kwargs.get("variants"):
         raise UsageError("--variants and --no-optimize contradict each other", "drop one of them")
     kwargs["variants"] = optimize_mod.parse_names(kwargs.get("variants")) if optimize else None
-    return _pipeline(source, out, bench=QUICK_BENCH if bench is None else bench, **kwargs)
+    if bench is None:
+        bench = {**QUICK_BENCH, **({"seq_lens": [kwargs["seq"]]} if kwargs.get("seq") else {})}
+    return _pipeline(source, out, bench=bench, **kwargs)
 
 
 def benchmark(source: str, out: str | Path, *, onnx_files: Sequence[str | Path] = (), bench: dict | None = None,
@@ -124,7 +126,7 @@ def benchmark(source: str, out: str | Path, *, onnx_files: Sequence[str | Path] 
 def _pipeline(source: str, out: str | Path, *, inputs=None, dims=None, model_args=None, weights=None, task=None,
               exporter: str = "auto", opset: int | None = None, tolerance: Tolerance = FP32, force: bool = False,
               trust_remote_code: bool = False, command: str | None = None, progress: Progress = _noop,
-              bench: dict | None = None, variants: str | Sequence[str] | None = None,
+              bench: dict | None = None, variants: str | Sequence[str] | None = None, seq: int | None = None,
               custom_op_libraries: Sequence[str | Path] = (), device: str = "cpu") -> dict:
     use_runtime(custom_op_libraries, device)
     timings: dict[str, float] = {}
@@ -135,18 +137,34 @@ def _pipeline(source: str, out: str | Path, *, inputs=None, dims=None, model_arg
     loaded = load_model(source, inputs=inputs, dims=dims, model_args=model_args, weights=weights, task=task,
                         trust_remote_code=trust_remote_code)
     timings["load"] = time.perf_counter() - t0
+    _check_seq(loaded, seq)
     out = prepare_out(out, force)
     work = Path(tempfile.mkdtemp(prefix=".onnxport-", dir=out))
     try:
         return _run_stages(loaded, out, work, exporter=exporter, opset=opset, tolerance=tolerance,
-                           command=command, progress=progress, timings=timings, bench=bench, variants=variants)
+                           command=command, progress=progress, timings=timings, bench=bench, variants=variants,
+                           seq=seq)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _check_seq(loaded: LoadedModel, seq: int | None) -> None:
+    """--seq needs a token input with a dynamic length inside its declared range (fails before any work)."""
+    if seq is None:
+        return
+    from .bench import bench_sizes
+
+    sizes = bench_sizes(loaded, [1], [seq])[0][0][2]
+    for sym, d in loaded.dims.items():
+        if sizes.get(sym) == seq and not d.min <= seq <= d.max:
+            raise UsageError(f"--seq {seq} is outside the declared range of '{sym}' ({d.min}..{d.max})",
+                             f"pick a length in {d.min}..{d.max}, or declare a wider range with -d {sym}=MIN..MAX")
+
+
 def _run_stages(loaded: LoadedModel, out: Path, work: Path, *, exporter: str, opset: int | None,
                 tolerance: Tolerance, command: str | None, progress: Progress, timings: dict,
-                bench: dict | None = None, variants: str | Sequence[str] | None = None) -> dict:
+                bench: dict | None = None, variants: str | Sequence[str] | None = None, seq: int | None = None
+                ) -> dict:
     diags: list[Diagnostic] = list(loaded.diagnostics) + diagnose.static_traps(loaded)
     custom_ops.discover_loaded(loaded)  # autograd.Functions with symbolic(): reported, and exported as their ops
     progress(f"exporting ({exporter})")
@@ -171,12 +189,13 @@ def _run_stages(loaded: LoadedModel, out: Path, work: Path, *, exporter: str, op
     diags.extend(result.diagnostics)
     diags.extend(diagnose.lost_control_flow(result, loaded))
     return _prove(loaded, result, out, diags, tolerance=tolerance, command=command, progress=progress,
-                  timings=timings, move_to_out=True, bench=bench, variants=variants)
+                  timings=timings, move_to_out=True, bench=bench, variants=variants, seq=seq)
 
 
 def _prove(loaded: LoadedModel, result: ExportResult, out: Path, diags: list[Diagnostic], *, tolerance: Tolerance,
            command: str | None, progress: Progress, timings: dict, move_to_out: bool, bench: dict | None = None,
-           extra_files: Sequence[str | Path] = (), variants: str | Sequence[str] | None = None) -> dict:
+           extra_files: Sequence[str | Path] = (), variants: str | Sequence[str] | None = None,
+           seq: int | None = None) -> dict:
     """check + parity (+ localization on failure) of ``result.path``; writes the report."""
     progress("checking the graph")
     t = time.perf_counter()
@@ -228,10 +247,11 @@ def _prove(loaded: LoadedModel, result: ExportResult, out: Path, diags: list[Dia
         progress("building and proving the optimized variants")
         t = time.perf_counter()
         model_file = out / rep["export"]["path"] if move_to_out else Path(result.path)
-        opt = optimize.variants(loaded, model_file, out, names=variants, tolerance=tolerance, progress=progress)
+        opt = optimize.variants(loaded, model_file, out, names=variants, tolerance=tolerance, progress=progress,
+                                bench_seq=seq)
         rep["variants"] = opt.to_list()
         rep["best"] = None if opt.best is None else {"name": opt.best.name, "path": "best.onnx",
-                                                     "speedup": opt.best.speedup}
+                                                     "speedup": opt.best.speedup, "timed_at": opt.timed_at}
         rep["timings"]["optimize"] = round(time.perf_counter() - t, 3)
         report.write_all(rep, out)
     if bench and rep["status"] == "ok":
@@ -266,8 +286,8 @@ def compare_file(source: str, onnx_path: str | Path, out: str | Path, *, inputs=
                  weights=None, task=None, tolerance: Tolerance = FP32, force: bool = False,
                  trust_remote_code: bool = False, command: str | None = None, progress: Progress = _noop,
                  bench: dict | None = None, extra_files: Sequence[str | Path] = (),
-                 variants: str | Sequence[str] | None = None, custom_op_libraries: Sequence[str | Path] = (),
-                 device: str = "cpu") -> dict:
+                 variants: str | Sequence[str] | None = None, seq: int | None = None,
+                 custom_op_libraries: Sequence[str | Path] = (), device: str = "cpu") -> dict:
     """Prove any ONNX file (exported by onnxport or not) against the PyTorch model; localize a divergence."""
     use_runtime(custom_op_libraries, device)
     onnx_path = Path(onnx_path)
@@ -281,6 +301,7 @@ def compare_file(source: str, onnx_path: str | Path, out: str | Path, *, inputs=
     loaded = load_model(source, inputs=inputs, dims=dims, model_args=model_args, weights=weights, task=task,
                         trust_remote_code=trust_remote_code)
     timings["load"] = time.perf_counter() - t0
+    _check_seq(loaded, seq)
     out = prepare_out(out, force)
     if onnx_path.resolve().parent == out.resolve() and onnx_path.name in RESULT_FILES:
         raise UsageError("the ONNX file lies in --out, where results are written", "choose another --out")
@@ -292,7 +313,8 @@ def compare_file(source: str, onnx_path: str | Path, out: str | Path, *, inputs=
         if not Path(extra).is_file():
             raise UsageError(f"ONNX file not found: {extra}", "check the path")
     return _prove(loaded, result, out, diags, tolerance=tolerance, command=command, progress=progress,
-                  timings=timings, move_to_out=False, bench=bench, extra_files=extra_files, variants=variants)
+                  timings=timings, move_to_out=False, bench=bench, extra_files=extra_files, variants=variants,
+                  seq=seq)
 
 
 def optimize_file(source: str, onnx_path: str | Path, out: str | Path, *, variants: str | Sequence[str] | None = None,

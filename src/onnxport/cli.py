@@ -78,6 +78,9 @@ RtolOpt = Annotated[float, typer.Option("--rtol", help="relative tolerance (fp32
 TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="allow a Hugging Face model's own code")]
 LibOpt = Annotated[list[Path] | None, typer.Option(
     "--custom-op-library", help="compiled ONNX Runtime custom-op library (.so) loaded into every session; repeatable")]
+SeqOpt = Annotated[int | None, typer.Option(
+    "--seq", min=1, help="sequence length of your traffic: variants are timed and the best chosen there "
+                         "(default: the export size)")]
 
 
 def _check_device(device: str) -> None:
@@ -121,11 +124,11 @@ def convert(source: Annotated[str, typer.Argument(help="model source, e.g. model
             variants: Annotated[str | None, typer.Option(
                 "--variants", help="optimized variants to build and re-prove (default: all), e.g. slim,ort,int8")] = None,
             no_optimize: Annotated[bool, typer.Option("--no-optimize", help="skip the optimized variants")] = False,
-            custom_op_library: LibOpt = None) -> None:
+            seq: SeqOpt = None, custom_op_library: LibOpt = None) -> None:
     """The whole pipeline: export, check, prove, optimize, benchmark; writes OUT/."""
     _run("convert", source, out, input, dim, model_args, weights, task, exporter, opset, device, json_out, force,
          atol, rtol, trust_remote_code, bench={} if no_bench else None, variants=variants, optimize=not no_optimize,
-         custom_op_libraries=custom_op_library or [])
+         seq=seq, custom_op_libraries=custom_op_library or [])
 
 
 @app.command()
@@ -136,7 +139,7 @@ def optimize(source: Annotated[str, typer.Argument(help="model source, e.g. torc
              model_args: ArgsOpt = None, weights: WeightsOpt = None, task: TaskOpt = None,
              variants: Annotated[str | None, typer.Option("--variants", help="e.g. slim,ort,fused,fp16,int8")] = None,
              json_out: JsonOpt = False, force: ForceOpt = False, atol: AtolOpt = 1e-4, rtol: RtolOpt = 1e-3,
-             trust_remote_code: TrustOpt = False, custom_op_library: LibOpt = None) -> None:
+             trust_remote_code: TrustOpt = False, seq: SeqOpt = None, custom_op_library: LibOpt = None) -> None:
     """Build optimized variants (onnxslim, ORT offline, fusions, fp16, int8), re-prove each against PyTorch."""
     from . import api
     from .parity import Tolerance
@@ -145,7 +148,7 @@ def optimize(source: Annotated[str, typer.Argument(help="model source, e.g. torc
         rep = api.optimize_file(source, model, out, inputs=input, dims=dim, model_args=model_args, weights=weights,
                                 task=task, variants=variants, tolerance=Tolerance(atol, rtol), force=force,
                                 trust_remote_code=trust_remote_code, command=_command_line(),
-                                progress=lambda msg: status.update(msg),
+                                progress=lambda msg: status.update(msg), seq=seq,
                                 custom_op_libraries=custom_op_library or [])
     _finish(rep, out, json_out)
 
@@ -433,7 +436,9 @@ def print_report(rep: dict, out: Path) -> None:
             err.print(f"  {b['op']:<9} {escape(b['node'])} ({escape(b.get('module') or 'model')}) {ok}: {escape(what)}",
                       markup=True)
     if rep.get("variants"):
-        t = Table(title="variants (each re-proven against PyTorch)")
+        at = (rep.get("best") or {}).get("timed_at") or {}
+        where = ", ".join(f"{k} {v}" for k, v in at.items())
+        t = Table(title="variants (each re-proven against PyTorch" + (f"; timed at {where})" if where else ")"))
         for col in ("variant", "nodes", "MB", "max abs err", "metric", "p50 ms b1", "speedup", "verdict"):
             t.add_column(col)
         for v in rep["variants"]:

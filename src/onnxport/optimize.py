@@ -113,6 +113,7 @@ class OptimizeResult:
     best_path: Path | None
     threads: int
     ort_level: str = ORT_LEVEL
+    timed_at: dict = field(default_factory=dict)  # the dim sizes the winner was chosen at (batch 1)
 
     def to_list(self) -> list[dict]:
         """report.json ``variants[]``."""
@@ -850,6 +851,9 @@ def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path, *
              bench_seconds: float = 1.5) -> OptimizeResult:
     """Build the ``names`` variants of ``model_path`` under OUT/variants/, prove each against PyTorch, time
     them interleaved with the plain export, and copy the fastest passing one (or the export) to OUT/best.onnx.
+
+    The winner is the fastest at batch 1 and, for token inputs, sequence length ``bench_seq`` (default: the
+    export size): int8 and fusions pay off differently at 16 and at 128 tokens, so time at your traffic's length.
     """
     say = progress or (lambda _m: None)
     wanted = parse_names(names)
@@ -943,7 +947,8 @@ def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path, *
         src = model_path if best.name == BASELINE else vdir / f"{best.name}.onnx"
         best_path = out / "best.onnx"
         _copy_model(src, best_path)
-    return OptimizeResult(tuple(final), best, best_path, threads)
+    timed_at = bench_sizes(loaded, [1], [bench_seq] if bench_seq else None)[0][0][2]
+    return OptimizeResult(tuple(final), best, best_path, threads, timed_at=dict(timed_at))
 
 
 def _build(name: str, src: Path, dst: Path, ctx: dict, built: dict[str, Path], loaded: LoadedModel, refs: _Refs,

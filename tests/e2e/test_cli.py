@@ -229,6 +229,15 @@ def test_bench_report_and_convert_commands(tmp_path):
     assert not (plain / "variants").exists()
     _assert_clean_error(run_cli("convert", f"{MODELS}:TinyMLP", "-i", "x:float32[batch,8]", "-o", str(plain),
                                 "--force", "--no-optimize", "--variants", "slim"))
+    # --seq (the length variants are timed and chosen at) needs a token input, inside its range; checked first
+    seqless = tmp_path / "SEQLESS"
+    proc = run_cli("convert", f"{MODELS}:TinyMLP", "-i", "x:float32[batch,8]", "-o", str(seqless), "--seq", "64")
+    _assert_clean_error(proc, seqless)
+    assert "--seq needs an integer (token) input" in proc.stderr
+    proc = run_cli("optimize", f"{MODELS}:TinyText", str(conv / "model.onnx"), "-i", "input_ids:int64[batch,seq]",
+                   "-d", "seq=1..32", "-o", str(seqless), "--seq", "64")
+    _assert_clean_error(proc, seqless)
+    assert "outside the declared range of 'seq' (1..32)" in proc.stderr
 
 
 def test_triton_and_serve_commands(tmp_path):
