@@ -85,6 +85,17 @@ def test_variants_are_timed_and_chosen_at_the_given_sequence_length(tmp_path):
     assert all(v.latency_ms.get("1") for v in result.variants)
 
 
+
+def test_optimize_file_passes_the_sequence_length_to_the_choice(text_run, tmp_path):
+    from onnxport import api
+
+    out, _ = text_run
+    rep = api.optimize_file(f"{MODELS}:TinyText", out / "model.onnx", tmp_path / "OUT", variants="slim", seq=24,
+                            inputs=["input_ids:int64[batch,seq]"], dims=["seq=1..32"])
+    assert rep["best"]["timed_at"] == {"batch": 1, "seq": 24}
+    assert [v["name"] for v in rep["variants"]] == ["export", "slim"]
+
+
 def test_entries_fit_the_report_schema(text_run):
     _, result = text_run
     entries = result.to_list()
