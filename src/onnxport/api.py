@@ -152,9 +152,9 @@ def _check_seq(loaded: LoadedModel, seq: int | None) -> None:
     """--seq needs a token input with a dynamic length inside its declared range (fails before any work)."""
     if seq is None:
         return
-    from .bench import bench_sizes
+    from .bench import sizes_at
 
-    sizes = bench_sizes(loaded, [1], [seq])[0][0][2]
+    sizes = sizes_at(loaded, seq)
     for sym, d in loaded.dims.items():
         if sizes.get(sym) == seq and not d.min <= seq <= d.max:
             raise UsageError(f"--seq {seq} is outside the declared range of '{sym}' ({d.min}..{d.max})",

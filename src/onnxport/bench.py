@@ -609,6 +609,12 @@ def bench_sizes(loaded: LoadedModel, batches: Sequence[int], seq_lens: Sequence[
     return out, notes
 
 
+def sizes_at(loaded: LoadedModel, seq: int | None = None, batch: int = 1) -> dict[str, int]:
+    """The dim sizes of one benchmark point: ``batch`` on the leading dim, ``seq`` on the token inputs' dims
+    (the export sizes elsewhere); see :func:`bench_sizes`."""
+    return dict(bench_sizes(loaded, [batch], [seq] if seq else None)[0][0][2])
+
+
 def _load_avg() -> list[float] | None:
     try:
         return [round(x, 2) for x in os.getloadavg()]

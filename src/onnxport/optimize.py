@@ -30,7 +30,7 @@ import onnx
 
 from . import custom_ops
 from .backends import OrtBackend, default_threads
-from .bench import bench_sizes, stats, timed_blocks
+from .bench import bench_sizes, sizes_at, stats, timed_blocks
 from .check import check, file_bytes
 from .errors import UsageError
 from .export import copy_model, external_data_files, save_model
@@ -947,8 +947,7 @@ def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path, *
         src = model_path if best.name == BASELINE else vdir / f"{best.name}.onnx"
         best_path = out / "best.onnx"
         _copy_model(src, best_path)
-    timed_at = bench_sizes(loaded, [1], [bench_seq] if bench_seq else None)[0][0][2]
-    return OptimizeResult(tuple(final), best, best_path, threads, timed_at=dict(timed_at))
+    return OptimizeResult(tuple(final), best, best_path, threads, timed_at=sizes_at(loaded, bench_seq))
 
 
 def _build(name: str, src: Path, dst: Path, ctx: dict, built: dict[str, Path], loaded: LoadedModel, refs: _Refs,
