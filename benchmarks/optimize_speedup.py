@@ -30,11 +30,11 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from onnxport import optimize  # noqa: E402
 from onnxport.api import load_model  # noqa: E402
-from onnxport.backends import OrtBackend, TorchBackend, default_threads  # noqa: E402
 from onnxport.bench import stats, timed_blocks  # noqa: E402
-from onnxport.export import export  # noqa: E402
-from onnxport.parity import input_mapping  # noqa: E402
-from onnxport.samples import export_sizes, make_inputs  # noqa: E402
+from onnxport.core.samples import export_sizes, make_inputs  # noqa: E402
+from onnxport.exporters.chain import export  # noqa: E402
+from onnxport.runtime.backends import OrtBackend, TorchBackend, default_threads  # noqa: E402
+from onnxport.runtime.feeds import input_mapping  # noqa: E402
 
 
 def _minilm() -> str:

@@ -130,7 +130,7 @@ def bench_server(url: str, model: str, feeds: dict[str, np.ndarray], requests: i
 
 def bench_ort(onnx_path: Path, feeds: dict[str, np.ndarray], requests: int, concurrency: int,
               warmup: int) -> dict:
-    from onnxport.runtime import session
+    from onnxport.runtime.sessions import session
 
     sess = session(onnx_path)
     measure(lambda i: sess.run(None, feeds), warmup, concurrency)

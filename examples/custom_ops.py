@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from onnxport.custom_ops import ort_python_op
+from onnxport.runtime.ops import ort_python_op
 
 
 class MyGELU(torch.autograd.Function):

@@ -6,7 +6,7 @@ import onnx
 import pytest
 
 from onnxport import api
-from onnxport.errors import UsageError
+from onnxport.core.errors import UsageError
 from tests.conftest import MODELS, load_report
 
 

@@ -11,9 +11,9 @@ import onnxruntime as ort
 import pytest
 from google.protobuf import text_format
 
+from onnxport.core.errors import UsageError
 from onnxport.deploy import triton_repository
-from onnxport.errors import UsageError
-from tests.test_serve import fixed_shape_model, mlp_out, reference, running  # noqa: F401 - mlp_out is a fixture
+from tests.serve.test_serve import fixed_shape_model, mlp_out, reference, running  # noqa: F401 - mlp_out is a fixture
 
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
 th = pytest.importorskip("tritonclient.http")

@@ -12,12 +12,12 @@ import onnxruntime as ort
 import pytest
 
 from onnxport import api
+from onnxport.core.errors import UsageError
+from onnxport.core.onnxfile import copy_model, external_data_files
 from onnxport.deploy import triton_repository
-from onnxport.errors import UsageError
-from onnxport.export import copy_model, external_data_files
 from onnxport.serve import serve_app
 from tests.conftest import MODELS, load_report, run_cli
-from tests.test_serve import post, running
+from tests.serve.test_serve import post, running
 
 THRESHOLD = "4096"  # bytes: TinyMLP(32, 64) holds 9 KB of weights, its 8 KB fc1 weight goes to the .data file
 SPEC = {"inputs": ["x:float32[batch,32]"], "dims": ["batch=1..16"], "model_args": {"features": 32, "hidden": 64}}

@@ -10,9 +10,12 @@ import pytest
 
 from onnxport import optimize, report
 from onnxport.api import load_model
-from onnxport.errors import UsageError
-from onnxport.export import export
-from onnxport.optimize import Variant, select_best
+from onnxport.core.errors import UsageError
+from onnxport.exporters.chain import export
+from onnxport.optimize import Variant, choice, select_best
+from onnxport.optimize.fusion import fused_attention
+from onnxport.optimize.quantize import quant_candidates, quantize_dynamic
+from onnxport.optimize.sensitivity import switch_model
 from tests.conftest import MODELS
 
 FAST = {"bench_batches": (1,), "bench_seconds": 0.2}
@@ -83,7 +86,6 @@ def test_variants_are_timed_and_chosen_at_the_given_sequence_length(tmp_path):
     result = optimize.variants(loaded, model, tmp_path, names=["slim"], bench_seq=29, **FAST)
     assert result.timed_at == {"batch": 1, "seq": 29}
     assert all(v.latency_ms.get("1") for v in result.variants)
-
 
 
 def test_optimize_file_passes_the_sequence_length_to_the_choice(text_run, tmp_path):
@@ -174,7 +176,7 @@ def outlier(tmp_path_factory):
 def _fc_nodes(path: Path) -> list[str]:
     import onnx
 
-    return [n.name for n in optimize._quant_candidates(onnx.load(str(path)))]
+    return [n.name for n in quant_candidates(onnx.load(str(path)))]
 
 
 def test_int8_search_keeps_only_the_sensitive_node_in_fp32(outlier):
@@ -198,14 +200,14 @@ def test_switch_model_simulates_dynamic_int8(outlier, tmp_path):
     import numpy as np
     import onnx
 
-    from onnxport.runtime import session
+    from onnxport.runtime.sessions import session
 
     _, loaded, model = outlier
     proto = onnx.load(str(model))
-    cands = optimize._quant_candidates(proto)
-    switches = optimize._switch_model(proto, cands, reduce_range=True)
+    cands = quant_candidates(proto)
+    switches = switch_model(proto, cands, reduce_range=True)
     onnx.save(proto, str(tmp_path / "switch.onnx"))
-    optimize._quantize_dynamic(model, tmp_path / "real.onnx", exclude=[cands[0].name], reduce_range=True)
+    quantize_dynamic(model, tmp_path / "real.onnx", exclude=[cands[0].name], reduce_range=True)
     x = np.random.default_rng(0).normal(size=(5, 4, 8)).astype(np.float32)
     sw = session(tmp_path / "switch.onnx")
     fp32 = session(model).run(None, {"x": x})[0]
@@ -235,7 +237,7 @@ def test_fused_reexports_when_the_given_graph_has_no_fusable_attention(text_run)
     import onnx
 
     fused = onnx.load(str(out / v.path))
-    assert optimize._fused_attention(fused) >= 1
+    assert fused_attention(fused) >= 1
     assert v.passed, v.reason
 
 
@@ -268,8 +270,8 @@ def test_large_files_are_timed_one_variant_at_a_time_and_the_winner_confirmed(tm
         assert all(Path(p).is_file() for p in paths.values())
         return {n: {"1": ms[n]} for n in paths}
 
-    monkeypatch.setattr(optimize, "TIMING_MEMORY_BYTES", 0)
-    monkeypatch.setattr(optimize, "measure", fake)
+    monkeypatch.setattr(choice, "TIMING_MEMORY_BYTES", 0)
+    monkeypatch.setattr(choice, "measure", fake)
     result = optimize.variants(loaded, model, tmp_path, names=["slim", "ort"], **FAST)
     assert calls == [("export", "slim"), ("export", "ort"), ("export", "slim")]  # pairs, then the confirmation
     by = {v.name: v for v in result.variants}
@@ -288,7 +290,7 @@ def test_a_winner_the_confirmation_run_does_not_back_is_not_chosen(tmp_path, mon
         slim = 0.5 if len(seen) == 1 else 1.2  # faster in the round-robin only
         return {n: {"1": 1.0 if n == "export" else slim} for n in paths}
 
-    monkeypatch.setattr(optimize, "measure", fake)
+    monkeypatch.setattr(choice, "measure", fake)
     result = optimize.variants(loaded, model, tmp_path, names=["slim"], **FAST)
     assert seen == [("export", "slim"), ("export", "slim")]
     assert result.best.name == "export"

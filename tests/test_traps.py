@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from onnxport import api
-from onnxport.errors import UsageError
+from onnxport.core.errors import UsageError
 from tests.conftest import FIXTURES, MODELS, load_report, run_cli
 
 TRAPS = FIXTURES / "traps.py"

@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from .errors import EXIT_EXPORT_FAILED, EXIT_OK, EXIT_VALIDATION_FAILED, OnnxportError
+from onnxport.core.errors import EXIT_EXPORT_FAILED, EXIT_OK, EXIT_VALIDATION_FAILED, OnnxportError
 
 EXIT_INTERNAL = 70
 STATUS_EXIT = {"ok": EXIT_OK, "validation_failed": EXIT_VALIDATION_FAILED, "export_failed": EXIT_EXPORT_FAILED}
@@ -84,7 +84,7 @@ SeqOpt = Annotated[int | None, typer.Option(
 
 
 def _check_device(device: str) -> None:
-    from .runtime import check_device
+    from onnxport.runtime.sessions import check_device
 
     check_device(device)  # exit 4 with what to install when cuda cannot be used here
 
@@ -99,8 +99,8 @@ def _finish(rep: dict, out: Path, as_json: bool) -> None:
 
 def _run(which: str, source: str, out: Path, inputs, dims, model_args, weights, task, exporter, opset, device,
          as_json, force, atol, rtol, trust_remote_code, **extra) -> None:
-    from . import api
-    from .parity import Tolerance
+    from onnxport import api
+    from onnxport.core.records import Tolerance
 
     _check_device(device)
     fn = {"convert": api.convert, "export": api.export, "bench": api.benchmark, "optimize": api.optimize_file}[which]
@@ -141,8 +141,8 @@ def optimize(source: Annotated[str, typer.Argument(help="model source, e.g. torc
              json_out: JsonOpt = False, force: ForceOpt = False, atol: AtolOpt = 1e-4, rtol: RtolOpt = 1e-3,
              trust_remote_code: TrustOpt = False, seq: SeqOpt = None, custom_op_library: LibOpt = None) -> None:
     """Build optimized variants (onnxslim, ORT offline, fusions, fp16, int8), re-prove each against PyTorch."""
-    from . import api
-    from .parity import Tolerance
+    from onnxport import api
+    from onnxport.core.records import Tolerance
 
     with err.status(f"optimize {model}") as status:
         rep = api.optimize_file(source, model, out, inputs=input, dims=dim, model_args=model_args, weights=weights,
@@ -176,7 +176,7 @@ def bench(source: Annotated[str, typer.Argument(help="model source, e.g. torchvi
           trt_engine_cache: Annotated[Path | None, typer.Option(
               "--trt-engine-cache", help="folder where TensorRT keeps built engines")] = None) -> None:
     """Prove, then benchmark PyTorch against ONNX Runtime (percentiles, throughput, % of GEMM peak)."""
-    from .runtime import GpuOptions, configure
+    from onnxport.runtime.sessions import GpuOptions, configure
 
     opts = {"batches": tuple(batch or (1, 8)), "seq_lens": tuple(seq) if seq else None, "threads": threads,
             "max_seconds": seconds, "tune_ort": tune, "compile": compile_,
@@ -211,8 +211,8 @@ def compare(source: Annotated[str, typer.Argument(help="model source, e.g. model
             trust_remote_code: TrustOpt = False, custom_op_library: LibOpt = None,
             device: DeviceOpt = "cpu") -> None:
     """Prove an existing ONNX file against the PyTorch model; localize where they part."""
-    from . import api
-    from .parity import Tolerance
+    from onnxport import api
+    from onnxport.core.records import Tolerance
 
     _check_device(device)
     with err.status(f"compare {source} {model}") as status:
@@ -228,7 +228,7 @@ def compare(source: Annotated[str, typer.Argument(help="model source, e.g. model
 @_guard
 def check(model: Annotated[Path, typer.Argument(help="an .onnx file")], json_out: JsonOpt = False) -> None:
     """Structural checks and graph summary of an ONNX file (no PyTorch model needed)."""
-    from .api import check_file
+    from onnxport.api import check_file
 
     res = check_file(model)
     if json_out:
@@ -254,12 +254,13 @@ def serve(path: Annotated[Path, typer.Argument(help="an output folder, a .onnx f
               "--custom-op-python", help="Python file registering ort_python_op implementations; repeatable")] = None,
           device: DeviceOpt = "cpu") -> None:
     """Serve models over the Open Inference Protocol v2 (KServe v2 / Triton HTTP) with dynamic batching."""
-    from . import api, custom_ops
-    from .serve import discover, run
+    from onnxport import api
+    from onnxport.runtime import ops
+    from onnxport.serve import discover, run
 
     api.use_runtime(custom_op_library or [], device)
     for file in custom_op_python or []:
-        custom_ops.import_implementations(file)
+        ops.import_implementations(file)
     discover(path)  # a bad PATH fails here, in one line, before anything starts
     err.print(f"serving {path} on http://{host}:{port}/v2 (Ctrl-C stops after in-flight requests finish)")
     try:
@@ -280,7 +281,7 @@ def triton(out: Annotated[Path, typer.Argument(help="an output folder (or a .onn
            gpu: Annotated[bool, typer.Option("--gpu", help="GPU instances and the TensorRT accelerator")] = False,
            json_out: JsonOpt = False, force: ForceOpt = False) -> None:
     """Write a Triton Inference Server model repository and a KServe InferenceService manifest."""
-    from .deploy import triton_repository
+    from onnxport.deploy import triton_repository
 
     res = triton_repository(out, repo, name=name, max_batch=max_batch, max_delay_ms=max_delay_ms,
                             instance_count=instances, gpu=gpu, force=force)
@@ -295,7 +296,7 @@ def triton(out: Annotated[Path, typer.Argument(help="an output folder (or a .onn
 def view(model: Annotated[Path, typer.Argument(help="an .onnx file")],
          port: Annotated[int, typer.Option("--port", help="TCP port")] = 8080) -> None:
     """Open the model in Netron (needs the optional extra: pip install 'onnxport[view]')."""
-    from .errors import UsageError, missing_dependency
+    from onnxport.core.errors import UsageError, missing_dependency
 
     if not model.is_file():
         raise UsageError(f"ONNX file not found: {model}", "check the path")
@@ -315,8 +316,8 @@ def view(model: Annotated[Path, typer.Argument(help="an .onnx file")],
 @_guard
 def report_cmd(out: Annotated[Path, typer.Argument(help="an output folder holding report.json")]) -> None:
     """Re-render report.html and report.md from OUT/report.json."""
-    from . import report
-    from .errors import UsageError
+    from onnxport import report
+    from onnxport.core.errors import UsageError
 
     if not (out / "report.json").is_file():
         raise UsageError(f"{out} has no report.json", "point at a folder written by onnxport convert/export/compare")
@@ -334,7 +335,7 @@ def report_cmd(out: Annotated[Path, typer.Argument(help="an output folder holdin
 @_guard
 def doctor(json_out: JsonOpt = False) -> None:
     """Versions of torch/onnx/onnxruntime, providers, max opsets, CPU features."""
-    from .environment import doctor as gather
+    from onnxport.environment import doctor as gather
 
     info = gather()
     if json_out:

@@ -8,130 +8,15 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import UsageError
-from .serve.models import (
+from onnxport.core.errors import UsageError
+from onnxport.core.onnxfile import external_data_files
+from onnxport.serve.models import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_DELAY_MS,
-    Signature,
-    TensorSpec,
     session_options_from_tuned,
 )
-from .serve.models import signature as read_signature
-
-
-class _Enum(str):
-    """A protobuf enum value: written without quotes in text format."""
-
-
-def triton_type(spec: TensorSpec) -> str:
-    """Triton's data_type for a tensor ("TYPE_FP32", "TYPE_INT64", ...)."""
-    datatype = spec.datatype
-    return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
-
-
-def _dims(spec: TensorSpec, batched: bool) -> list[int]:
-    dims = spec.oip_shape() or [-1]
-    return dims[1:] if batched else dims
-
-
-def _tensor(spec: TensorSpec, batched: bool) -> dict:
-    dims = _dims(spec, batched)
-    entry: dict = {"name": spec.name, "data_type": _Enum(triton_type(spec)), "dims": dims or [1]}
-    if not dims:  # a [batch] tensor: Triton wants dims [1] reshaped to a scalar per row
-        entry["reshape"] = {"shape": []}
-    return entry
-
-
-def model_config(sig: Signature, name: str, *, max_batch: int = DEFAULT_MAX_BATCH,
-                 max_delay_us: int = int(DEFAULT_MAX_DELAY_MS * 1000), instance_count: int = 1,
-                 gpu: bool = False, session_options: dict | None = None,
-                 warmup_sizes: dict[str, int] | None = None) -> dict:
-    """Triton's model configuration for ``sig`` as a dict (Triton's JSON form of ``ModelConfig``).
-
-    ``max_batch`` is the Triton ``max_batch_size``; it becomes 0 (no batch dim) for models whose first dim
-    is not dynamic. ``warmup_sizes`` gives sizes for dynamic non-batch dims by symbol (default 1).
-    """
-    batch = max_batch if (sig.batchable and max_batch > 0) else 0
-    options = session_options or {}
-    config: dict = {
-        "name": name, "platform": "onnxruntime_onnx", "backend": "onnxruntime", "max_batch_size": batch,
-        "version_policy": {"latest": {"num_versions": 1}},
-        "input": [_tensor(t, batch > 0) for t in sig.inputs],
-        "output": [_tensor(t, batch > 0) for t in sig.outputs],
-    }
-    if batch > 1:
-        preferred = [b for b in (2, 4, 8, 16, 32, 64, 128, 256) if b <= batch][-2:]
-        config["dynamic_batching"] = {"preferred_batch_size": preferred, "max_queue_delay_microseconds": max_delay_us}
-    config["instance_group"] = [{"count": instance_count, "kind": _Enum("KIND_GPU" if gpu else "KIND_CPU")}]
-    params = {"intra_op_thread_count": options.get("threads") or 0,
-              "inter_op_thread_count": options.get("inter_op_threads") or 0}
-    if options.get("execution_mode"):
-        params["execution_mode"] = 1 if options["execution_mode"] == "parallel" else 0
-    config["parameters"] = {k: {"string_value": str(v)} for k, v in params.items()}
-    if gpu:
-        config["optimization"] = {"execution_accelerators": {"gpu_execution_accelerator": [{
-            "name": "tensorrt",
-            "parameters": {"precision_mode": "FP16", "max_workspace_size_bytes": "1073741824",
-                           "trt_engine_cache_enable": "1"}}]}}
-    warm_inputs = {}
-    for t in sig.inputs:
-        dims = [d if isinstance(d, int) and d >= 0 else (warmup_sizes or {}).get(str(d), 1)
-                for d in (t.shape or [1])][1 if batch > 0 else 0:]
-        float_type = t.datatype in ("FP16", "FP32", "FP64", "BF16")
-        warm_inputs[t.name] = {"data_type": _Enum(triton_type(t)), "dims": dims,
-                               ("random_data" if float_type else "zero_data"): True}
-    config["model_warmup"] = [{"name": "onnxport_warmup", "batch_size": 1,
-                               "inputs": warm_inputs}]
-    return config
-
-
-def _scalar(value: object) -> str:
-    if isinstance(value, _Enum):
-        return str(value)
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    return json.dumps(str(value))
-
-
-_MAPS = {"parameters", "inputs"}  # map<string, message> fields in ModelConfig
-
-
-def _pbtxt(data: dict, indent: int = 0) -> list[str]:
-    pad = "  " * indent
-    lines: list[str] = []
-    for key, value in data.items():
-        if key in _MAPS and isinstance(value, dict):
-            for k, v in value.items():
-                entry = ([f"{pad}  value {{", *_pbtxt(v, indent + 2), f"{pad}  }}"] if isinstance(v, dict)
-                         else [f"{pad}  value: {_scalar(v)}"])  # map<string, string>
-                lines += [f"{pad}{key} {{", f"{pad}  key: {json.dumps(k)}", *entry, f"{pad}}}"]
-        elif isinstance(value, dict):
-            lines += [f"{pad}{key} {{", *_pbtxt(value, indent + 1), f"{pad}}}"]
-        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            for v in value:
-                lines += [f"{pad}{key} {{", *_pbtxt(v, indent + 1), f"{pad}}}"]
-        elif isinstance(value, list):
-            lines.append(f"{pad}{key}: [ {', '.join(_scalar(v) for v in value)} ]")
-        else:
-            lines.append(f"{pad}{key}: {_scalar(value)}")
-    return lines
-
-
-def config_pbtxt(config: dict) -> str:
-    """Render a :func:`model_config` dict as Triton's config.pbtxt (protobuf text format), with comments."""
-    body = dict(config)
-    body.pop("backend", None)  # platform says it; Triton rejects a platform/backend mismatch, not redundancy
-    text = _pbtxt(body)
-    notes = ["# Triton Inference Server model configuration written by onnxport.",
-             "# Dims are per request row when max_batch_size > 0; -1 marks a dynamic dim."]
-    if not any("KIND_GPU" in line for line in text):
-        text += ["", "# On a GPU, replace instance_group above with:",
-                 "# instance_group { count: 1 kind: KIND_GPU }",
-                 "# and optionally let TensorRT run the model (onnxport triton --gpu writes this):",
-                 '# optimization { execution_accelerators { gpu_execution_accelerator : [ { name : "tensorrt" } ] } }']
-    return "\n".join(notes + text) + "\n"
+from onnxport.serve.models import signature as read_signature
+from onnxport.serve.triton import config_pbtxt, model_config
 
 
 def _dns_name(name: str) -> str:
@@ -221,8 +106,6 @@ def triton_repository(out_or_onnx: str | Path, repo_dir: str | Path, *, name: st
 
     An existing ``REPO/<name>`` is replaced only with ``force=True``. ``serve REPO`` serves the result.
     """
-    from .export import external_data_files
-
     onnx_path, default_name, options, sizes = _read_out(Path(out_or_onnx))
     name = re.sub(r"[^A-Za-z0-9_.\-]+", "_", name or default_name).strip("_.") or "model"
     if max_batch < 0 or instance_count < 1 or max_delay_ms < 0:

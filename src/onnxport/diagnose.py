@@ -13,15 +13,13 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .controlflow import same_file
-from .diagnostics import Diagnostic, error, warning
-from .export import Attempt
-from .localize import Divergence, record_modules
-from .samples import Case, export_sizes, make_inputs
-from .sources.base import LoadedModel
-
-_SKIP_FILES = ("/torch/", "/onnxport/", "site-packages", "<frozen", "<string>", "/typer/", "/click/")
-
+from onnxport.core.diagnostics import Diagnostic, error, warning
+from onnxport.core.records import Attempt, Divergence
+from onnxport.core.samples import Case, export_sizes, make_inputs
+from onnxport.exporters.controlflow import same_file
+from onnxport.exporters.evidence import DATA_DEPENDENT, SKIP_FILES, evidence_lines, user_line
+from onnxport.prove.localize import record_modules
+from onnxport.sources.base import LoadedModel
 
 # --------------------------------------------------------------------------- where in the user's code
 
@@ -54,7 +52,7 @@ def _typed(loaded: LoadedModel, path: str, cls: str) -> str:
 
 def _user_frame(frames) -> tuple[str, int] | None:
     for f in reversed(frames):
-        if not any(s in f.filename.replace("\\", "/") for s in _SKIP_FILES):
+        if not any(s in f.filename.replace("\\", "/") for s in SKIP_FILES):
             return f.filename, f.lineno
     return None
 
@@ -107,18 +105,9 @@ _UNSUPPORTED = [
     re.compile(r"Exporting the operator '([\w:.]+)' to ONNX opset version \d+ is not supported"),
     re.compile(r"ONNX export failed on an operator with unrecognized namespace ([\w:.]+)"),
 ]
-_DATA_DEPENDENT = re.compile(
-    r"data-dependent|GuardOnDataDependentSymNode|Data dependent|data dependent|unbacked", re.IGNORECASE)
 _SPECIALIZED = re.compile(r"Constraints violated \(([^)]*)\)")
-_USER_LINE = [re.compile(r'File "([^"]+)", line (\d+)'), re.compile(r"# File: (\S+?):(\d+) in")]
 
 
-def _user_line(text: str) -> tuple[str, int] | None:
-    for rx in _USER_LINE:
-        for m in rx.finditer(text):
-            if not any(s in m.group(1) for s in _SKIP_FILES):
-                return m.group(1), int(m.group(2))
-    return None
 
 
 def explain_attempts(attempts: Sequence[Attempt], loaded: LoadedModel, failed: bool) -> list[Diagnostic]:
@@ -151,8 +140,8 @@ def explain_attempts(attempts: Sequence[Attempt], loaded: LoadedModel, failed: b
                      "over it); declare the range it really supports with --dim, or rewrite that code",
             ))
             continue
-        if _DATA_DEPENDENT.search(text):
-            loc = _user_line(text)
+        if DATA_DEPENDENT.search(text):
+            loc = user_line(text)
             module = module_at(loaded.model, *loc) if loc else None
             where = f" at {Path(loc[0]).name}:{loc[1]}" if loc else ""
             mod = f" (module {label(loaded, module)})" if module is not None else ""
@@ -344,8 +333,6 @@ def _smallest_change(file: str, line: int, script_refusal: str | None) -> str:
 
 def lost_control_flow(result, loaded: LoadedModel) -> list[Diagnostic]:
     """When the kept export froze a branch, loop or dim (no strategy kept it): where, and the smallest change."""
-    from .export import evidence_lines
-
     chosen = next((a for a in result.attempts if a.ok and a.exporter == result.exporter), None)
     if chosen is None or not chosen.frozen:
         return []

@@ -7,6 +7,8 @@ import os
 import platform
 from pathlib import Path
 
+from onnxport.exporters.opsets import exporter_max_opset, onnxruntime_max_opset
+
 PACKAGES = ("torch", "torchvision", "onnx", "onnxruntime", "onnxscript", "onnx-ir", "transformers", "timm",
             "onnxslim", "numpy")
 _CPU_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile",
@@ -43,8 +45,6 @@ def summary() -> dict:
 
 def doctor() -> dict:
     """Everything ``onnxport doctor`` prints."""
-    from .export import exporter_max_opset, onnxruntime_max_opset
-
     data = summary()
     try:
         import onnxruntime as ort

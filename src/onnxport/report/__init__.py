@@ -8,8 +8,8 @@ import os
 from importlib import resources
 from pathlib import Path
 
-from .html import render_html
-from .markdown import render_markdown
+from onnxport.report.html import render_html
+from onnxport.report.markdown import render_markdown
 
 __all__ = ["schema", "validate", "write_json", "write_all", "render_markdown", "render_html", "load"]
 

@@ -110,7 +110,7 @@ def _div(fig: Any, div_id: str) -> str:
     return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=_CONFIG)
 
 
-def _top_ops(histogram: dict[str, int], top: int = TOP_OPS) -> list[tuple[str, int]]:
+def top_ops(histogram: dict[str, int], top: int = TOP_OPS) -> list[tuple[str, int]]:
     """The ``top`` most frequent op types (ties by name) plus ("other (k op types)", sum) for the rest."""
     items = sorted(histogram.items(), key=lambda kv: (-kv[1], kv[0]))
     head, rest = items[:top], items[top:]
@@ -122,7 +122,7 @@ def _top_ops(histogram: dict[str, int], top: int = TOP_OPS) -> list[tuple[str, i
 def _ops_figure(histogram: dict[str, int]) -> str:
     import plotly.graph_objects as go
 
-    rows = _top_ops(histogram)
+    rows = top_ops(histogram)
     names, counts = [r[0] for r in rows], [r[1] for r in rows]
     colors = [_GREY if n.startswith("other (") else _PALETTE[0] for n in names]
     fig = go.Figure(go.Bar(x=counts, y=names, orientation="h", marker_color=colors, text=counts,
@@ -184,7 +184,8 @@ def _errors_figure(cases: list[dict], atol: float | None) -> str:
     return _div(fig, "chart-errors")
 
 
-def _baseline(backends: list[str]) -> str | None:
+def baseline_backend(backends: list[str]) -> str | None:
+    """The backend speedups are measured against: PyTorch eager where it ran, else another PyTorch backend."""
     torch = [b for b in backends if "torch" in b.lower() and "onnx" not in b.lower()]
     eager = [b for b in torch if "eager" in b.lower()]
     return (eager or torch or [None])[0]
@@ -213,7 +214,7 @@ def _bench_figures(runs: list[dict]) -> tuple[str, str | None, str | None]:
     lat.update_layout(**_layout())
     latency = _div(lat, "chart-latency")
 
-    base = _baseline(backends)
+    base = baseline_backend(backends)
     if base is None:
         return latency, None, None
     base_p50 = {r["batch"]: r["p50_ms"] for r in by_backend[base]}
@@ -334,7 +335,8 @@ def _env():
 
 
 @functools.lru_cache(maxsize=1)
-def _assets() -> tuple[str, str]:
+def assets() -> tuple[str, str]:
+    """(the page's CSS, plotly.js inlined): the page opens offline."""
     import plotly.offline
 
     css = resources.files(__package__).joinpath("templates", "report.css").read_text(encoding="utf-8")
@@ -345,7 +347,7 @@ def render_html(report: dict) -> str:
     """The report as one self-contained HTML page (opens offline; no request leaves the page)."""
     from markupsafe import Markup
 
-    css, plotly_js = _assets()
+    css, plotly_js = assets()
     view = _view(report)
     return _env().get_template("report.html.j2").render(
         v=view, css=Markup(css), plotly_js=Markup(plotly_js),

@@ -11,7 +11,13 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .models import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DELAY_MS, discover, signature
+from onnxport.serve.models import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_DELAY_MS,
+    discover,
+    signature,
+)
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -23,7 +29,7 @@ __all__ = ["serve_app", "run", "discover", "signature", "DEFAULT_MAX_BATCH", "DE
 def _require(package: str) -> None:
     import importlib.util
 
-    from ..errors import EnvironmentProblem
+    from onnxport.core.errors import EnvironmentProblem
 
     if importlib.util.find_spec(package) is None:
         raise EnvironmentProblem(f"the Python package '{package}' is not installed (the server needs it)",
@@ -40,7 +46,7 @@ def serve_app(path: str | Path, *, max_batch: int | None = None, max_delay_ms: f
     """
     for package in ("fastapi", "uvicorn", "prometheus_client"):
         _require(package)
-    from .app import serve_app as _serve_app
+    from onnxport.serve.app import serve_app as _serve_app
 
     return _serve_app(path, max_batch=max_batch, max_delay_ms=max_delay_ms, max_body_bytes=max_body_bytes)
 
@@ -60,7 +66,7 @@ def run(path: str | Path, host: str = "127.0.0.1", port: int = 8000, *, max_batc
 
 def listen(host: str, port: int) -> socket.socket:
     """A listening TCP socket on host:port (UsageError when the address is taken or invalid)."""
-    from ..errors import UsageError
+    from onnxport.core.errors import UsageError
 
     try:
         info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]

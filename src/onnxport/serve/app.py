@@ -15,10 +15,11 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .. import __version__ as ONNXPORT_VERSION
-from ..errors import UsageError
-from .batcher import Batcher, InferenceError
-from .models import (
+from onnxport.core.errors import UsageError
+from onnxport.core.version import __version__ as ONNXPORT_VERSION
+from onnxport.runtime.sessions import session
+from onnxport.serve.batcher import Batcher, InferenceError
+from onnxport.serve.models import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_DELAY_MS,
@@ -27,7 +28,8 @@ from .models import (
     discover,
     signature,
 )
-from .protocol import BadRequest, decode, encode
+from onnxport.serve.protocol import BadRequest, decode, encode
+from onnxport.serve.triton import model_config
 
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration"]
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -70,15 +72,11 @@ class ServedModel:
                 "outputs": [t.to_dict() for t in self.signature.outputs]}
 
     def config(self) -> dict:
-        from ..deploy import model_config
-
         return model_config(self.signature, self.name, max_batch=self.max_batch,
                             max_delay_us=int(self.max_delay_ms * 1000), session_options=self.source.session_options)
 
 
 def _load(source: ModelSource, max_batch: int | None, max_delay_ms: float | None, metrics: _Metrics) -> ServedModel:
-    from ..runtime import session
-
     if not source.onnx_path.is_file():
         raise UsageError(f"model '{source.name}': {source.onnx_path} does not exist", "check the path")
     sig = signature(source.onnx_path)

@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError
+from onnxport.core.errors import UsageError
+from onnxport.prove.check import check
+from onnxport.runtime.sessions import OPT_LEVELS
 
 # numpy dtype name -> Open Inference Protocol datatype
 OIP_DATATYPES = {
@@ -65,8 +67,6 @@ class Signature:
 
 def signature(path: Path) -> Signature:
     """The I/O signature of an ONNX file (via :func:`onnxport.check.check`)."""
-    from ..check import check
-
     result = check(path)
 
     def spec(io: dict) -> TensorSpec:
@@ -94,8 +94,6 @@ def _model_name(raw: str) -> str:
 
 def session_options_from_tuned(tuned: Any) -> dict:
     """``runtime.session()`` keyword arguments from report.json's ``benchmark.tuned`` ORT options."""
-    from ..runtime import OPT_LEVELS
-
     if not isinstance(tuned, dict):
         return {}
     if isinstance(tuned.get("config"), dict):  # bench.tune() result: {"config": {...}, "p50_ms": ...}

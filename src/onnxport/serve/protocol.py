@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .models import NUMPY_DTYPES, Signature
+from onnxport.serve.models import NUMPY_DTYPES, Signature
 
 
 class BadRequest(Exception):

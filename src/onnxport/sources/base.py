@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..diagnostics import Diagnostic, info, warning
-from ..errors import SourceError, UsageError
-from ..spec import Dim, InputSpec
+from onnxport.core.diagnostics import Diagnostic, info, warning
+from onnxport.core.errors import SourceError, UsageError
+from onnxport.core.spec import Dim, InputSpec
 
 
 @dataclass(frozen=True)

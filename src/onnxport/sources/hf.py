@@ -6,10 +6,10 @@ import inspect
 import os
 from pathlib import Path
 
-from ..errors import SourceError, missing_dependency
-from ..spec import Dim, InputSpec
-from . import declared_or, finish
-from .base import LoadedModel
+from onnxport.core.errors import SourceError, missing_dependency
+from onnxport.core.spec import Dim, InputSpec
+from onnxport.sources.base import LoadedModel
+from onnxport.sources.finish import declared_or, finish
 
 TASKS = {
     "feature-extraction": "AutoModel",

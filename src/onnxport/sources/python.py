@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -12,10 +13,10 @@ from typing import Any
 
 from torch import nn
 
-from ..errors import SourceError, UsageError
-from ..spec import Dim, InputSpec
-from . import ensure_module, finish
-from .base import LoadedModel, load_weights
+from onnxport.core.errors import SourceError, UsageError
+from onnxport.core.spec import Dim, InputSpec
+from onnxport.sources.base import LoadedModel, load_weights
+from onnxport.sources.finish import ensure_module, finish
 
 
 def load_python(source: str, inputs: list[InputSpec], dims: list[Dim], model_args: dict[str, Any],
@@ -65,7 +66,7 @@ def _import_file(path_text: str):
     path = Path(path_text)
     if not path.is_file():
         raise SourceError(f"model file not found: {path}", "check the path before the ':'")
-    name = f"onnxport_user_{abs(hash(str(path.resolve())))}"
+    name = f"onnxport_user_{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise SourceError(f"cannot import {path}", "the model file must be a Python source file")

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import torch
 
-from ..errors import SourceError
-from ..spec import Dim, InputSpec, normalize_dtype
-from . import declared_or, finish
-from .base import LoadedModel
+from onnxport.core.errors import SourceError
+from onnxport.core.spec import Dim, InputSpec, normalize_dtype
+from onnxport.sources.base import LoadedModel
+from onnxport.sources.finish import declared_or, finish
 
 _UNBOUNDED = 4096
 

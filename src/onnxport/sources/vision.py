@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..errors import SourceError, missing_dependency
-from ..spec import Dim, InputSpec
-from . import declared_or, finish
-from .base import LoadedModel
+from onnxport.core.errors import SourceError, missing_dependency
+from onnxport.core.spec import Dim, InputSpec
+from onnxport.sources.base import LoadedModel
+from onnxport.sources.finish import declared_or, finish
 
 IMAGE_DIMS = {
     "batch": Dim("batch", 1, 16, 2),

@@ -1,0 +1,69 @@
+"""One typed error hierarchy. Every error carries a one-line message, a hint and an exit code."""
+
+from __future__ import annotations
+
+# Exit codes (public contract).
+EXIT_OK = 0
+EXIT_VALIDATION_FAILED = 1
+EXIT_USAGE = 2
+EXIT_EXPORT_FAILED = 3
+EXIT_ENVIRONMENT = 4
+
+
+class OnnxportError(Exception):
+    """Base error: ``message`` says what is wrong, ``hint`` what to do next."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, message: str, hint: str = "", *, code: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.code = code
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message} (hint: {self.hint})"
+
+
+class UsageError(OnnxportError):
+    """Bad command-line usage or bad input files (exit 2)."""
+
+    exit_code = EXIT_USAGE
+
+
+class SourceError(UsageError):
+    """The model source cannot be loaded (exit 2)."""
+
+
+class ExportFailed(OnnxportError):
+    """No exporter produced an ONNX model (exit 3). ``attempts`` holds every try (``Attempt`` records) and
+    ``diagnostics`` what the failed tries saw, for the report."""
+
+    exit_code = EXIT_EXPORT_FAILED
+
+    def __init__(self, message: str, hint: str = "", *, code: str = "", attempts: tuple = (),
+                 diagnostics: tuple = ()) -> None:
+        super().__init__(message, hint, code=code)
+        self.attempts = tuple(attempts)
+        self.diagnostics = tuple(diagnostics)
+
+
+class ValidationFailed(OnnxportError):
+    """The ONNX model was produced but could not be proven (exit 1)."""
+
+    exit_code = EXIT_VALIDATION_FAILED
+
+
+class EnvironmentProblem(OnnxportError):
+    """A dependency is missing or the environment cannot do what was asked (exit 4)."""
+
+    exit_code = EXIT_ENVIRONMENT
+
+
+def missing_dependency(package: str, extra: str) -> EnvironmentProblem:
+    """Error for an optional dependency that is not installed."""
+    return EnvironmentProblem(
+        f"the Python package '{package}' is not installed",
+        f"pip install 'onnxport[{extra}]' (or pip install {package})",
+        code="missing-dependency",
+    )

@@ -1,0 +1,152 @@
+"""The strategy chain: try the exporters in order, record every attempt, keep the first export that froze
+nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+import onnx
+
+from onnxport.core.diagnostics import Diagnostic
+from onnxport.core.errors import ExportFailed, UsageError
+from onnxport.core.logs import captured_output
+from onnxport.core.onnxfile import external_threshold, move_model
+from onnxport.core.records import Attempt, ExportResult
+from onnxport.exporters.evidence import (
+    data_dependent_before,
+    evidence_lines,
+    first_line,
+    frozen_reason,
+    parse_guards,
+    tracer_warnings,
+)
+from onnxport.exporters.opsets import MIN_OPSET, default_opset, exporter_max_opset, onnxruntime_max_opset
+from onnxport.exporters.strategies import (
+    BASE_EXPORTER,
+    CHOICES,
+    CONTROL_FLOW,
+    EXPORTERS,
+    STRATEGIES,
+    NotApplicable,
+)
+from onnxport.runtime.sessions import session
+from onnxport.sources.base import LoadedModel
+
+# --------------------------------------------------------------------------- strategies
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def export(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", opset: int | None = None,
+           external_data_threshold: int | None = None) -> ExportResult:
+    """Export ``loaded`` to ``path``.
+
+    ``auto`` tries the dynamo exporter, then the TorchScript exporter; when both fail, or the one that worked
+    is caught freezing a branch, a loop or a dynamic dim, it goes on with the control-flow strategies (``cond``:
+    the ``if`` as torch.cond, ``script``: torch.jit.script of the modules holding control flow) and keeps the
+    first export that froze nothing (else the first that worked, for parity to judge).
+    """
+    path = Path(path)
+    if exporter not in CHOICES:
+        raise UsageError(f"unknown exporter '{exporter}'", f"use one of {', '.join(CHOICES)}")
+    order = [*EXPORTERS, *CONTROL_FLOW] if exporter == "auto" else [exporter]
+    if opset is not None:
+        newest = max(exporter_max_opset(BASE_EXPORTER[e]) for e in order)
+        newest = min(newest, onnxruntime_max_opset())
+        if opset < 7 or opset > newest:
+            raise UsageError(f"opset {opset} is not supported here (newest usable: {newest})",
+                             f"pick an opset between {MIN_OPSET} and {newest}, or leave --opset out")
+    threshold = external_threshold() if external_data_threshold is None else external_data_threshold
+    size = sum(t.numel() * t.element_size() for t in loaded.flat.state_dict().values())
+    external = size > threshold
+    attempts: list[Attempt] = []
+    done: list[tuple[Attempt, Path, list[Diagnostic]]] = []  # successful attempts with their files
+    failed_diags: list[Diagnostic] = []
+    t_all = time.perf_counter()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in (path, path.with_name(path.name + ".data")):
+        stale.unlink(missing_ok=True)
+    try:
+        for name in order:
+            if done and name in EXPORTERS:
+                continue  # one plain export is enough: the other would freeze the same way
+            if any(not a.frozen for a, _, _ in done):
+                break
+            base = BASE_EXPORTER[name]
+            use_opset = min(opset, exporter_max_opset(base)) if opset else default_opset(base)
+            target = path.with_name(f".{name}-{path.name}")
+            lines = evidence_lines(attempts, [d for _, _, ds in done for d in ds] + failed_diags, loaded,
+                                   explicit=exporter == name)
+            attempt, diags, failed = _attempt(name, loaded, target, use_opset, external, lines, attempts)
+            attempts.append(attempt)
+            failed_diags.extend(failed)
+            if attempt.ok:
+                done.append((attempt, target, diags))
+        if not done:
+            summary = "; ".join(f"{a.exporter}: {a.error}" for a in attempts
+                                if not a.not_applicable)
+            raise ExportFailed(f"no exporter could export the model ({summary})",
+                               "see the attempts in report.json; try --exporter torchscript or dynamo, or another "
+                               "--opset", code="export-failed", attempts=tuple(attempts),
+                               diagnostics=tuple(failed_diags))
+        chosen = next((d for d in done if not d[0].frozen), done[0])
+        move_model(chosen[1], path)
+        diags = list(chosen[2])
+        for a, _, ds in done:  # what other attempts saw is history: keep it, as info
+            if a is not chosen[0]:
+                diags += [dataclasses.replace(d, severity="info", message=f"{a.exporter} attempt: {d.message}")
+                          for d in ds if d.code != "control-flow-kept"]
+        return ExportResult(path, chosen[0].exporter, chosen[0].opset, time.perf_counter() - t_all,
+                            tuple(attempts), external, tuple(diags))
+    finally:
+        for name in order:
+            tmp = path.with_name(f".{name}-{path.name}")
+            for leftover in (tmp, tmp.with_name(tmp.name + ".data")):
+                leftover.unlink(missing_ok=True)
+
+
+def _attempt(name: str, loaded: LoadedModel, target: Path, opset: int, external: bool,
+             lines: list[tuple[str, int]], before: list[Attempt]
+             ) -> tuple[Attempt, list[Diagnostic], list[Diagnostic]]:
+    """One strategy, its output captured: (the attempt, what it saw when it worked, what it saw when it failed)."""
+    t0 = time.perf_counter()
+    chatter: list[str] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught, captured_output(chatter):
+            warnings.simplefilter("always")
+            made = STRATEGIES[name](loaded, target, opset, external, lines)
+    except NotApplicable as e:
+        return Attempt(name, False, time.perf_counter() - t0, opset, str(e), not_applicable=True), [], []
+    except Exception as e:  # noqa: BLE001 - every failure is recorded and the next strategy tried
+        detail = "".join(traceback.format_exception_only(type(e), e))[-6000:] + "\n" + "".join(chatter)[-6000:]
+        return (Attempt(name, False, time.perf_counter() - t0, opset, first_line(e), detail, parse_guards(chatter)),
+                [], tracer_warnings(caught))
+    diags = tracer_warnings(caught) + list(made or [])
+    if name in CONTROL_FLOW and (refused := _ort_refuses(target)):
+        return (Attempt(name, False, time.perf_counter() - t0, opset, f"onnxruntime cannot load the result: {refused}"),
+                [], [])
+    written = onnx.load(str(target), load_external_data=False)
+    actual = next((o.version for o in written.opset_import if o.domain in ("", "ai.onnx")), opset)
+    guards = parse_guards(chatter)
+    frozen = frozen_reason(loaded, written, diags, guards)
+    if not frozen and name == "torchscript":
+        frozen = data_dependent_before(before)
+    note = "; ".join(d.message for d in diags if d.code == "control-flow-kept") or None
+    return Attempt(name, True, time.perf_counter() - t0, actual, guards=guards, frozen=frozen, note=note), diags, []
+
+
+def _ort_refuses(path: Path) -> str | None:
+    """Why onnxruntime refuses to load ``path`` (None when it loads). The TorchScript exporter can write Loop
+    bodies with inconsistent types; such a file is no better than a failed export."""
+    try:
+        session(path, opt_level="disable")
+    except Exception as e:  # noqa: BLE001 - any refusal is the answer
+        return str(getattr(e, "message", e)).split("failed:")[-1].strip()[:300]
+    return None
+
+

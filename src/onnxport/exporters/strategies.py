@@ -1,0 +1,177 @@
+"""The export strategies: dynamo, TorchScript, and the control-flow ones (cond, script).
+
+Each takes the loaded model, the target path, the opset, whether weights go to external data and the user
+source lines where an earlier attempt froze or failed; it writes the file and returns its diagnostics, or
+raises (``NotApplicable`` when it has nothing to do for this model).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import tempfile
+from pathlib import Path
+
+import onnx
+import torch
+
+from onnxport.core.diagnostics import Diagnostic, info, warning
+from onnxport.core.onnxfile import save_model
+from onnxport.core.samples import export_sizes, make_inputs
+from onnxport.exporters import controlflow, functions
+from onnxport.sources.base import LoadedModel
+
+EXPORTERS = ("dynamo", "torchscript")  # the plain exporters, tried first
+
+
+CONTROL_FLOW = ("cond", "script")  # tried by auto when the plain ones fail or freeze a branch or loop
+
+
+CHOICES = ("auto", *EXPORTERS, *CONTROL_FLOW)
+
+
+BASE_EXPORTER = {"dynamo": "dynamo", "torchscript": "torchscript", "cond": "dynamo", "script": "torchscript"}
+
+
+def _dim_objects(loaded: LoadedModel) -> tuple:
+    dims = {}
+    for sym, d in loaded.dims.items():
+        if d.min != d.max:
+            dims[sym] = torch.export.Dim(sym, min=d.min, max=d.max)
+    shapes = []
+    for spec in loaded.inputs:
+        axes = {i: dims[d] for i, d in enumerate(spec.shape) if isinstance(d, str) and d in dims}
+        shapes.append(axes or None)
+    return tuple(shapes)
+
+
+def _export_dynamo(loaded: LoadedModel, path: Path, opset: int, external: bool, lines=()) -> list[Diagnostic]:
+    example = make_inputs(loaded.inputs, export_sizes(loaded.dims), seed=0)
+    customs = functions.discover_loaded(loaded)  # autograd.Functions with symbolic(): opaque ops + translations
+    torch._logging.set_logs(dynamic=logging.INFO)  # guard log lines name the user code that fixed a shape
+    try:
+        with functions.opaque(customs):
+            program = torch.onnx.export(
+                loaded.flat, example, dynamo=True, dynamic_shapes=_dim_objects(loaded),
+                input_names=[s.name for s in loaded.inputs], output_names=list(loaded.output_names),
+                opset_version=opset, optimize=True, verbose=False,
+                custom_translation_table=functions.translation_table(customs, opset) or None,
+            )
+    finally:
+        torch._logging.set_logs()
+    program.save(str(path), external_data=external)
+    return narrowed_dims(loaded, getattr(program, "exported_program", None))
+
+
+def narrowed_dims(loaded: LoadedModel, ep) -> list[Diagnostic]:
+    """Dims whose range torch.export narrowed (a guard on a shape): ONNX keeps no guards, so the graph is
+    only valid inside the narrowed range while it claims to accept the declared one."""
+    if ep is None:
+        return []
+    out: list[Diagnostic] = []
+    user = [n for n in ep.graph.nodes if n.op == "placeholder" and n.name in set(ep.graph_signature.user_inputs)]
+    reported: set[str] = set()
+    for spec, node in zip(loaded.inputs, user):
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        for axis, size in enumerate(val.shape):
+            sym = spec.shape[axis] if axis < len(spec.shape) else None
+            if not isinstance(sym, str) or sym in reported or isinstance(size, int):
+                continue
+            rng = ep.range_constraints.get(size.node.expr)
+            if rng is None:
+                continue
+            declared = loaded.dims[sym]
+            lo = int(rng.lower) if rng.lower.is_finite else declared.min
+            hi = int(rng.upper) if rng.upper.is_finite else declared.max
+            if lo > declared.min or hi < declared.max:
+                reported.add(sym)
+                out.append(warning(
+                    "dynamic-dim-narrowed",
+                    f"torch.export assumed {sym} in {lo}..{hi} (declared {declared.min}..{declared.max}): a shape "
+                    f"test in the model chose one path for that range, and the ONNX graph keeps no such guard",
+                    hint=f"sizes of {sym} outside {lo}..{hi} will take the wrong path in ONNX; express the shape "
+                         "branch with torch.cond or tensor ops, or narrow --dim to the range the model really needs",
+                ))
+    return out
+
+
+def _export_torchscript(loaded: LoadedModel, path: Path, opset: int, external: bool, lines=()) -> list[Diagnostic]:
+    example = make_inputs(loaded.inputs, export_sizes(loaded.dims), seed=0)
+    dynamic_axes: dict[str, dict[int, str]] = {}
+    for spec in loaded.inputs:
+        axes = {i: d for i, d in enumerate(spec.shape) if isinstance(d, str)}
+        if axes:
+            dynamic_axes[spec.name] = axes
+    dynamic_axes.update(_output_axes(loaded))
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".ts-export-") as tmp:
+        raw = Path(tmp) / "raw.onnx"
+        torch.onnx.export(
+            loaded.flat, example, str(raw), dynamo=False, input_names=[s.name for s in loaded.inputs],
+            output_names=list(loaded.output_names), dynamic_axes=dynamic_axes or None, opset_version=opset,
+            do_constant_folding=True,
+        )
+        save_model(onnx.load(str(raw)), path, external)
+    return []
+
+
+def _output_axes(loaded: LoadedModel) -> dict[str, dict[int, str]]:
+    """Which output axes follow which dynamic dim, found by running the model at two sizes."""
+    a = export_sizes(loaded.dims)
+    b = {}
+    for i, (sym, d) in enumerate(loaded.dims.items()):
+        step = i + 1
+        b[sym] = a[sym] + step if a[sym] + step <= d.max else max(d.min, a[sym] - step)
+    if not loaded.dims:
+        return {}
+    with torch.inference_mode():
+        out_a = loaded.flat(*make_inputs(loaded.inputs, a))
+        out_b = loaded.flat(*make_inputs(loaded.inputs, b))
+    axes: dict[str, dict[int, str]] = {}
+    for name, ta, tb in zip(loaded.output_names, out_a, out_b):
+        for axis, (sa, sb) in enumerate(zip(ta.shape, tb.shape)):
+            matches = [s for s in loaded.dims if a[s] == sa and b[s] == sb]
+            if len(matches) == 1:
+                axes.setdefault(name, {})[axis] = matches[0]
+            elif sa != sb:
+                axes.setdefault(name, {})[axis] = f"{name}_dim{axis}"
+    return axes
+
+
+class NotApplicable(Exception):
+    """A strategy that has nothing to do for this model (recorded, not an exporter failure)."""
+
+
+def _export_cond(loaded: LoadedModel, path: Path, opset: int, external: bool, lines=()) -> list[Diagnostic]:
+    """The dynamo exporter after rewriting the Python ``if`` statements that froze as ``torch.cond``."""
+    if not lines:
+        raise NotApplicable("no source line of a frozen or failing branch to rewrite")
+    flat, rewrites = controlflow.with_cond(loaded.flat, lines)
+    if not rewrites:
+        where = ", ".join(f"{Path(f).name}:{n}" for f, n in lines[:3])
+        raise NotApplicable(f"no `if` at {where} has a form torch.cond can take (both sides returning, or both "
+                            "assigning the same name)")
+    diags = _export_dynamo(dataclasses.replace(loaded, flat=flat, model=flat.model), path, opset, external)
+    return diags + [info("control-flow-kept", f"the `if` at {Path(r.file).name}:{r.line} (module "
+                         f"{r.module or 'the model'}) was exported as torch.cond: `{r.code}`", module=r.module or None,
+                         hint="write it this way in the model to export it without the rewrite") for r in rewrites]
+
+
+def _export_script(loaded: LoadedModel, path: Path, opset: int, external: bool, lines=()) -> list[Diagnostic]:
+    """The TorchScript exporter on the model with its control-flow modules compiled by torch.jit.script."""
+    try:
+        flat, tries = controlflow.with_script(loaded.flat, lines)
+    except ValueError as e:
+        raise NotApplicable(str(e)) from None
+    example = make_inputs(loaded.inputs, export_sizes(loaded.dims), seed=0)
+    # torch.jit.trace (not the exporter's own tracer) registers scripted submodules inside a traced wrapper
+    traced = torch.jit.trace(flat, example, check_trace=False, strict=False)
+    _export_torchscript(dataclasses.replace(loaded, flat=traced, model=flat.model), path, opset, external)
+    kept = [t.module or "the model" for t in tries if t.ok]
+    return [info("control-flow-kept", f"scripted {', '.join(kept)} with torch.jit.script: its if/for/while are "
+                 "ONNX If/Loop", module=kept[0] if kept[0] != "the model" else None)]
+
+
+STRATEGIES = {"dynamo": _export_dynamo, "torchscript": _export_torchscript, "cond": _export_cond,
+              "script": _export_script}

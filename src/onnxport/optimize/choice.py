@@ -1,0 +1,278 @@
+"""Build every variant asked for, prove each against PyTorch, time them against the plain export, pick the best.
+
+Variants that do not apply are kept in the list, skipped with the reason. Failures carry the localized
+divergence and are never chosen. Latency is measured with ONNX Runtime, interleaved with the plain export.
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from onnxport.bench import bench_sizes, sizes_at, stats, timed_blocks
+from onnxport.core.errors import UsageError
+from onnxport.core.onnxfile import file_bytes
+from onnxport.core.records import FP32, Tolerance
+from onnxport.core.samples import Case, make_inputs, validation_cases
+from onnxport.optimize.context import (
+    BuildContext,
+    Builder,
+    BuildOutcome,
+    Progress,
+    Skip,
+    quiet,
+    reference_outputs,
+)
+from onnxport.optimize.fusion import build_fused, transformer_params
+from onnxport.optimize.graph import build_ort, build_slim, file_facts, relative, replace_model, short_error
+from onnxport.optimize.policy import prove
+from onnxport.optimize.precision import build_fp16
+from onnxport.optimize.result import BASELINE, OptimizeResult, Variant, parse_names
+from onnxport.optimize.sensitivity import build_int8_searched
+from onnxport.runtime.backends import OrtBackend, default_threads
+from onnxport.runtime.feeds import FeedMap
+from onnxport.sources.base import LoadedModel
+
+TIMING_MEMORY_BYTES = 4 * 1024**3  # above this much ONNX on disk, variants are timed one at a time
+MIN_GAIN = 1.05  # a variant must beat the plain export by 5% in the side-by-side timing to replace it
+
+Latencies = dict[str, dict[str, float]]  # p50 ms per variant name and batch
+
+
+# --------------------------------------------------------------------------- choosing
+
+
+def select_best(entries: Sequence[Variant | Mapping[str, Any]]) -> Variant | Mapping[str, Any] | None:
+    """The fastest passing entry at batch 1 (ties: the smaller file); None when no entry passed and was timed."""
+
+    def get(e, key):
+        return e.get(key) if isinstance(e, Mapping) else getattr(e, key)
+
+    def p50(e) -> float | None:
+        lat = get(e, "latency_ms") or {}
+        v = lat.get("1", lat.get(1))
+        return None if v is None else float(v)
+
+    ok = [e for e in entries if get(e, "passed") and not get(e, "skipped") and p50(e) is not None]
+    if not ok:
+        return None
+    return min(ok, key=lambda e: (p50(e), get(e, "bytes") or 0))
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def measure(paths: dict[str, Path], loaded: LoadedModel, batches: Sequence[int], *, seq: int | None = None,
+            seconds: float = 1.5, threads: int | None = None) -> Latencies:
+    """p50 ms per name and batch, all files timed in interleaved warm blocks on the same inputs and threads."""
+    threads = threads or default_threads()
+    backends = {}
+    for name, p in paths.items():
+        b = OrtBackend(p, threads=threads, name=name)
+        try:
+            b.open()
+        except Exception:  # noqa: BLE001 - a file that cannot load was already reported by prove()
+            continue
+        backends[name] = b
+    out: Latencies = {n: {} for n in paths}
+    sizes, _ = bench_sizes(loaded, batches, [seq] if seq else None)
+    for batch, _s, dims in sizes:
+        tensors = make_inputs(loaded.inputs, dims, "random", 7)
+        feeds_by = {name: FeedMap.of(loaded.inputs, [i.name for i in b.inputs])(tensors)
+                    for name, b in backends.items()}
+        names = []
+        for n, b in backends.items():
+            try:
+                b.run(feeds_by[n])
+            except Exception:  # noqa: BLE001 - a file that fails at this shape is not timed here
+                continue
+            names.append(n)
+        times = timed_blocks({n: functools.partial(backends[n].run, feeds_by[n]) for n in names}, seconds=seconds)
+        for n in names:
+            out[n][str(batch)] = round(stats(times[n], batch)["p50_ms"], 4)
+    for b in backends.values():
+        b.close()
+    return out
+
+
+@dataclass(frozen=True)
+class _Timing:
+    """How the variants are timed: the model's inputs at these batches and sequence length, on ``threads``."""
+
+    loaded: LoadedModel
+    batches: Sequence[int]
+    seq: int | None
+    seconds: float
+    threads: int
+
+    @property
+    def first_key(self) -> str:
+        """The latency key of the first batch timed (batch 1 is preferred where it was timed)."""
+        return str(list(self.batches)[0]) if self.batches else "1"
+
+    def run(self, paths: dict[str, Path], batches: Sequence[int] | None = None,
+            seconds: float | None = None) -> Latencies:
+        """:func:`measure` (looked up at call time) of ``paths`` at these settings."""
+        return measure(paths, self.loaded, self.batches if batches is None else batches, seq=self.seq,
+                       seconds=self.seconds if seconds is None else seconds, threads=self.threads)
+
+
+def _latencies(timed: dict[str, Path], timing: _Timing) -> tuple[Latencies, dict[str, float | None]]:
+    """(latencies, the export's batch-1 p50 each variant's speedup is relative to)."""
+    if sum(file_bytes(p) for p in timed.values() if p.exists()) <= TIMING_MEMORY_BYTES:
+        lat = timing.run(timed)
+        return lat, dict.fromkeys(timed, lat.get(BASELINE, {}).get("1")
+                                  or next(iter(lat.get(BASELINE, {}).values()), None))
+    # large files: one variant at a time beside the export, so at most two sessions are in memory
+    lat: Latencies = {}
+    base: dict[str, float | None] = {}
+    key = timing.first_key
+    for name, p in timed.items():
+        if name == BASELINE:
+            continue
+        pair = timing.run({BASELINE: timed[BASELINE], name: p})
+        lat[name] = pair.get(name, {})
+        lat.setdefault(BASELINE, pair.get(BASELINE, {}))
+        base[name] = pair.get(BASELINE, {}).get("1") or pair.get(BASELINE, {}).get(key)
+    base[BASELINE] = lat.get(BASELINE, {}).get("1") or lat.get(BASELINE, {}).get(key)
+    return lat, base
+
+
+def _timed(entries: Sequence[Variant], lat: Latencies, base: dict[str, float | None], key: str) -> list[Variant]:
+    """``entries`` with their latencies and speedups over the export."""
+    final = []
+    for e in entries:
+        lm = lat.get(e.name, {})
+        mine = lm.get("1", lm.get(key))
+        base1 = base.get(e.name)
+        speed = round(base1 / mine, 3) if base1 and mine else None
+        final.append(replace(e, latency_ms=lm, speedup=speed))
+    return final
+
+
+def _confirm(final: list[Variant], timed: dict[str, Path], timing: _Timing,
+             say: Progress) -> tuple[list[Variant], Variant | None]:
+    """The fastest passing variant, confirmed against the export alone (None when the confirmation does not
+    back it), and ``final`` with the confirmed speedup in its details."""
+    best = select_best([v for v in final if v.passed])
+    if best is not None and best.name != BASELINE and best.speedup and best.speedup >= MIN_GAIN:
+        # the round-robin over every variant gives each few runs: confirm the winner against the export alone,
+        # longer, before it replaces the export (a noisy machine otherwise picks a slower file)
+        say(f"confirming {best.name} against the plain export")
+        again = timing.run({BASELINE: timed[BASELINE], best.name: timed[best.name]}, [1],
+                           seconds=max(2 * timing.seconds, 3.0))
+        b1, m1 = again.get(BASELINE, {}).get("1"), again.get(best.name, {}).get("1")
+        confirmed = round(b1 / m1, 3) if b1 and m1 else None
+        best = replace(best, details={**best.details, "confirmed_speedup": confirmed})
+        final = [best if v.name == best.name else v for v in final]
+        if not (confirmed and confirmed >= MIN_GAIN):
+            best = None
+    if best is None or best.name == BASELINE or not (best.speedup and best.speedup >= MIN_GAIN):
+        best = final[0] if final[0].passed else None
+    return final, best
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _build_fused_int8(src: Path, dst: Path, ctx: BuildContext, fused: Path | None) -> BuildOutcome:
+    """int8 of the ``fused`` variant (built here, in a temporary folder, when it was not asked for)."""
+    if fused is not None:
+        return build_int8_searched("fused+int8", fused, dst, ctx)
+    with tempfile.TemporaryDirectory(prefix="onnxport-fused-") as tmp:
+        tmp_fused = Path(tmp) / "fused.onnx"
+        build_fused(src, tmp_fused, ctx)  # raises Skip for non-transformers
+        return build_int8_searched("fused+int8", tmp_fused, dst, ctx)
+
+
+BUILDERS: dict[str, Builder] = {
+    "slim": build_slim, "ort": build_ort, "fused": build_fused, "fp16": build_fp16,
+    "int8": functools.partial(build_int8_searched, "int8"),
+}
+
+
+def build_variant(name: str, src: Path, dst: Path, ctx: BuildContext, built: Mapping[str, Path]) -> BuildOutcome:
+    """Write variant ``name`` of ``src`` to ``dst``; ``built``: the variants already written (fused+int8
+    starts from ``fused``). Raises Skip when the variant does not apply."""
+    if name == "fused+int8":
+        return _build_fused_int8(src, dst, ctx, built.get("fused"))
+    return BUILDERS[name](src, dst, ctx)
+
+
+def _baseline(model_path: Path, out: Path, ctx: BuildContext) -> Variant:
+    """The plain export, proven like every variant (no divergence: it was proven when exported)."""
+    ctx.progress("proving the plain export (baseline)")
+    t0 = time.perf_counter()
+    proof = prove(ctx.loaded, BASELINE, model_path, ctx.refs, ctx.tolerance)
+    return Variant(BASELINE, relative(model_path, out), prove_seconds=time.perf_counter() - t0,
+                   **file_facts(model_path), **replace(proof, divergence=None).variant_fields())
+
+
+def _variant(name: str, src: Path, dst: Path, out: Path, ctx: BuildContext, built: Mapping[str, Path]) -> Variant:
+    """Build variant ``name`` into ``dst`` and prove it (a builder that crashes gives a failed variant)."""
+    ctx.progress(f"variant {name}: building")
+    for stale in (dst, dst.parent / (dst.name + ".data")):
+        stale.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    try:
+        outcome = build_variant(name, src, dst, ctx, built)
+    except Skip as e:
+        return Variant(name, None, False, reason=str(e), skipped=str(e), build_seconds=time.perf_counter() - t0)
+    except Exception as e:  # noqa: BLE001 - a tool that crashes is a failed variant, not a crash
+        return Variant(name, None, False, reason=f"building failed: {short_error(e)}",
+                       build_seconds=time.perf_counter() - t0)
+    build_s = time.perf_counter() - t0
+    ctx.progress(f"variant {name}: proving against PyTorch")
+    t1 = time.perf_counter()
+    proof = outcome.proof if outcome.proof is not None else prove(ctx.loaded, name, dst, ctx.refs, ctx.tolerance)
+    prove_s = outcome.prove_seconds + time.perf_counter() - t1
+    build_s -= outcome.prove_seconds
+    return Variant(name, relative(dst, out), build_seconds=build_s, prove_seconds=prove_s,
+                   details=outcome.details, **file_facts(dst), **proof.variant_fields())
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path, *, names: Sequence[str] | None = None,
+             tolerance: Tolerance = FP32, cases: list[Case] | None = None, progress: Progress | None = None,
+             bench_batches: Sequence[int] = (1, 8), bench_seq: int | None = None,
+             bench_seconds: float = 1.5) -> OptimizeResult:
+    """Build the ``names`` variants of ``model_path`` under OUT/variants/, prove each against PyTorch, time
+    them interleaved with the plain export, and copy the fastest passing one (or the export) to OUT/best.onnx.
+
+    The winner is the fastest at batch 1 and, for token inputs, sequence length ``bench_seq`` (default: the
+    export size): int8 and fusions pay off differently at 16 and at 128 tokens, so time at your traffic's length.
+    """
+    say = progress or quiet
+    wanted = parse_names(names)
+    model_path, out = Path(model_path), Path(out_dir)
+    if not model_path.is_file():
+        raise UsageError(f"ONNX file not found: {model_path}", "pass the model.onnx that onnxport export wrote")
+    vdir = out / "variants"
+    vdir.mkdir(parents=True, exist_ok=True)
+    refs = reference_outputs(loaded, cases if cases is not None else validation_cases(loaded.dims))
+    ctx = BuildContext(loaded, tolerance, refs, transformer_params(loaded), say)
+    threads = default_threads()
+    entries = [_baseline(model_path, out, ctx)]
+    built: dict[str, Path] = {}
+    for name in wanted:
+        entry = _variant(name, model_path, vdir / f"{name}.onnx", out, ctx, built)
+        entries.append(entry)
+        if entry.path:
+            built[name] = vdir / f"{name}.onnx"
+
+    say("timing the variants against the plain export")
+    timing = _Timing(loaded, bench_batches, bench_seq, bench_seconds, threads)
+    timed = {BASELINE: model_path, **{e.name: vdir / f"{e.name}.onnx" for e in entries[1:] if e.path}}
+    final, best = _confirm(_timed(entries, *_latencies(timed, timing), timing.first_key), timed, timing, say)
+    best_path = None
+    if best is not None:
+        best_path = out / "best.onnx"
+        replace_model(timed[best.name], best_path)
+    return OptimizeResult(tuple(final), best, best_path, threads, timed_at=sizes_at(loaded, bench_seq))

@@ -1,0 +1,80 @@
+"""What every variant builder is given (BuildContext) and returns (BuildOutcome), and the shared PyTorch references.
+
+A builder is ``build(src, dst, ctx) -> BuildOutcome``: it writes ``dst`` from ``src`` and returns the details
+for the report; it raises :class:`Skip` when the variant does not apply to the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from onnxport.core.records import FP32, Tolerance
+from onnxport.core.samples import Case, make_inputs
+from onnxport.optimize.result import Proof
+from onnxport.prove.parity import run_torch
+from onnxport.sources.base import LoadedModel
+
+Progress = Callable[[str], None]
+
+
+def quiet(_message: str) -> None:
+    """A progress callback that says nothing."""
+
+
+class Skip(Exception):
+    """The variant does not apply to this model (the message says why)."""
+
+
+@dataclass(frozen=True)
+class Refs:
+    """PyTorch outputs per case, computed once and shared by every variant."""
+
+    cases: tuple[Case, ...]
+    inputs: tuple[tuple, ...]
+    outputs: tuple[list[np.ndarray] | None, ...]
+
+    def pick(self, i: int) -> Refs:
+        """The references of case ``i`` alone."""
+        return Refs(self.cases[i:i + 1], self.inputs[i:i + 1], self.outputs[i:i + 1])
+
+
+def reference_outputs(loaded: LoadedModel, cases: Sequence[Case]) -> Refs:
+    """The inputs of ``cases`` and PyTorch's outputs on them (None for a case PyTorch fails on: parity reports it)."""
+    ins, outs = [], []
+    for c in cases:
+        t = make_inputs(loaded.inputs, c.sizes, c.values, c.seed)
+        ins.append(t)
+        try:
+            outs.append(run_torch(loaded, t))
+        except Exception:  # noqa: BLE001 - parity.compare reports it
+            outs.append(None)
+    return Refs(tuple(cases), tuple(ins), tuple(outs))
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """The model, its references and the policy inputs every builder may use."""
+
+    loaded: LoadedModel
+    tolerance: Tolerance = FP32
+    refs: Refs | None = None
+    transformer: dict | None = None  # num_heads / hidden_size / model_type / found_in, see transformer_params
+    progress: Progress = quiet
+
+
+@dataclass(frozen=True)
+class BuildOutcome:
+    """What a builder found: the report ``details`` and, when the builder already proved ``dst`` against
+    PyTorch (int8 with its sensitivity search), that proof and the seconds it took (counted as proving
+    time, not building time)."""
+
+    details: dict
+    proof: Proof | None = None
+    prove_seconds: float = 0.0
+
+
+Builder = Callable[[Path, Path, BuildContext], BuildOutcome]

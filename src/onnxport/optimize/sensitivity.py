@@ -1,0 +1,267 @@
+"""int8 that passes its task metric: when plain dynamic int8 fails, keep the fewest nodes in fp32 that make it pass.
+
+The nodes are chosen by a greedy search on a *switch model*: one ONNX graph in which every quantizable node
+runs fp32 or simulated dynamic int8 depending on a boolean input, so each question ("does the metric pass
+with these nodes in fp32?") is one short run instead of one quantization and one new session.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from onnxport.optimize.context import BuildContext, BuildOutcome, Refs
+from onnxport.optimize.graph import save
+from onnxport.optimize.policy import metric_margin, prove, task_metrics
+from onnxport.optimize.quantize import QUANT_OPS, build_int8, quant_candidates, quantize_best
+from onnxport.runtime.sessions import session
+from onnxport.sources.base import LoadedModel
+
+POOL = 8  # candidates re-tried after the first greedy step
+MAX_ROUNDS = 4  # search, quantize, re-check: a case the real kernels still fail joins the next round
+METHOD = ("greedy: the node whose fp32 restores the task metric most is kept in fp32, one at a time, on a "
+          "model simulating dynamic int8 per node (one run per question); then the real file is re-proven")
+
+
+# --------------------------------------------------------------------------- the switch model
+
+
+def fake_int8_weight(w: np.ndarray, axis: int, levels: int = 127) -> np.ndarray:
+    """``w`` rounded to symmetric int8 per output channel (``axis``) and back, as quantize_dynamic stores it
+    (``levels`` 63 for QAttention, whose weights onnxruntime quantizes with a reduced 7-bit range)."""
+    red = tuple(i for i in range(w.ndim) if i != axis % w.ndim)
+    scale = np.abs(w).max(axis=red, keepdims=True) / levels if red else np.abs(w) / levels
+    scale = np.where(scale == 0, 1.0, scale)
+    return (np.clip(np.round(w / scale), -levels, levels) * scale).astype(w.dtype)
+
+
+def switch_model(model: onnx.ModelProto, cands: Sequence[onnx.NodeProto], reduce_range: bool = False) -> list[str]:
+    """Rewrite ``model`` in place so that each candidate runs fp32 or simulated dynamic int8 per run.
+
+    Every candidate gets a boolean scalar input: when set, its activation goes through
+    DynamicQuantizeLinear/DequantizeLinear (uint8 per tensor, as ONNX Runtime quantizes it at run time) and
+    its weight is the int8-rounded copy. One session then answers "which nodes may be int8" for any subset,
+    with no re-quantization and no new session per question. Returns the switch input names, in ``cands`` order.
+    """
+    from onnx import helper, numpy_helper
+
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    targets = {id(n): i for i, n in enumerate(cands)}
+    switches, nodes = [], []
+    for n in g.node:
+        i = targets.get(id(n))
+        if i is None:
+            nodes.append(n)
+            continue
+        sw, x, w_name = f"onnxport_int8_{i}", n.input[0], n.input[1]
+        switches.append(sw)
+        g.input.append(helper.make_tensor_value_info(sw, onnx.TensorProto.BOOL, []))
+        w = numpy_helper.to_array(inits[w_name])
+        levels = 63 if reduce_range or n.op_type == "Attention" else 127
+        wq = numpy_helper.from_array(fake_int8_weight(w, -1, levels), f"{w_name}__int8_{i}")
+        g.initializer.append(wq)
+        p = f"onnxport_int8_{i}_"
+        nodes += [helper.make_node("DynamicQuantizeLinear", [x], [p + "xq", p + "xs", p + "xz"]),
+                  helper.make_node("DequantizeLinear", [p + "xq", p + "xs", p + "xz"], [p + "xd"]),
+                  helper.make_node("Where", [sw, p + "xd", x], [p + "x"]),
+                  helper.make_node("Where", [sw, wq.name, w_name], [p + "w"])]
+        n.input[0], n.input[1] = p + "x", p + "w"
+        nodes.append(n)
+    del g.node[:]
+    g.node.extend(nodes)
+    return switches
+
+
+class SwitchedSession:
+    """A session on the switch model that looks like the plain model's (task_metrics runs it unchanged);
+    the switches named in ``fp32`` run their node in fp32, the others in simulated int8."""
+
+    def __init__(self, sess, switches: Sequence[str]) -> None:
+        self.sess, self.switches = sess, list(switches)
+        self.fp32: set[str] = set()
+        self._inputs = [i for i in sess.get_inputs() if i.name not in set(switches)]
+
+    def get_inputs(self):
+        """The plain model's inputs (the switches hidden)."""
+        return self._inputs
+
+    def get_outputs(self):
+        """The model's outputs."""
+        return self.sess.get_outputs()
+
+    def run(self, names, feeds):
+        """Run with the switches set from ``fp32``."""
+        flags = {s: np.array(s not in self.fp32) for s in self.switches}
+        return self.sess.run(names, {**feeds, **flags})
+
+
+# --------------------------------------------------------------------------- the search
+
+
+@dataclass(frozen=True)
+class Int8Search:
+    """Greedy choice of the nodes kept in fp32, on the simulated-int8 switch model."""
+
+    kept: tuple[str, ...]  # in the order chosen, most useful first
+    candidates: int
+    margin: float
+    evaluations: int
+    seconds: float
+
+
+def int8_search(loaded: LoadedModel, src: Path, sub: Refs, *, start: Sequence[str] = (), target: float = 0.004,
+                max_kept: int | None = None, budget_s: float = 60.0, min_steps: int = 0,
+                reduce_range: bool = False) -> Int8Search:
+    """Keep in fp32, one at a time, the node whose fp32 restores the task metric most (greedy forward
+    selection), until the metric on the cases ``sub`` clears its threshold by ``target``.
+
+    Each question is one run of the switch model (simulated dynamic int8 for every node not kept), so the
+    search costs candidates x steps short runs instead of that many quantizations; the caller re-proves
+    the real quantized file against PyTorch on the whole matrix.
+    """
+    t0 = time.perf_counter()
+    model = onnx.load(str(src))
+    cands = quant_candidates(model)
+    names = [n.name for n in cands]
+    switches = switch_model(model, cands, reduce_range)
+    by_name = dict(zip(names, switches))
+    with tempfile.TemporaryDirectory(prefix="onnxport-int8-") as tmp:
+        p = Path(tmp) / "switch.onnx"
+        save(model, p)
+        sw = SwitchedSession(session(p), switches)
+    kept = [n for n in start if n in by_name]
+    limit = max_kept if max_kept is not None else max(1, len(names) // 2)
+    evals = 0
+
+    def score(fp32: Sequence[str]) -> float:
+        nonlocal evals
+        evals += 1
+        sw.fp32 = {by_name[n] for n in fp32}
+        return metric_margin(task_metrics(loaded, sub, sw))
+
+    current = score(kept)
+    steps = 0
+    pool = list(names)
+    while ((current < target or steps < min_steps) and len(kept) < limit
+           and time.perf_counter() - t0 < budget_s):
+        steps += 1
+        trials = [(score([*kept, n]), n) for n in pool if n not in kept]
+        if not trials:
+            break
+        if steps == 1:  # later steps only try the nodes that helped most on their own
+            pool = [n for _, n in sorted(trials, reverse=True)[:POOL]]
+        best, node = max(trials)
+        kept.append(node)
+        current = best
+    return Int8Search(tuple(kept), len(names), current, evals, time.perf_counter() - t0)
+
+
+def failing_cases(loaded: LoadedModel, refs: Refs, sess) -> list[int]:
+    """Indices of the cases whose task metric fails under ``sess``."""
+    out = []
+    for i in range(len(refs.cases)):
+        if refs.outputs[i] is None:
+            continue
+        if not all(m.passed for m in task_metrics(loaded, refs.pick(i), sess)):
+            out.append(i)
+    return out
+
+
+def worst_rows(loaded: LoadedModel, refs: Refs, idx: Sequence[int], sess) -> Refs:
+    """Each failing case cut down to its worst batch row under ``sess`` (rows are independent, and the
+    search runs them many times: one row of the largest case costs a fraction of the whole case)."""
+    cases, inputs, outputs = [], [], []
+    for i in idx:
+        case, tensors, ref = refs.cases[i], refs.inputs[i], refs.outputs[i]
+        batched = [bool(s.shape) and isinstance(s.shape[0], str) and t.ndim > 0 for s, t in zip(loaded.inputs, tensors)]
+        sizes = {int(t.shape[0]) for b, t in zip(batched, tensors) if b}
+        rows = next(iter(sizes)) if len(sizes) == 1 else 1
+
+        def cut(k: int, tensors=tensors, batched=batched) -> tuple:
+            return tuple(t[k:k + 1] if b else t for b, t in zip(batched, tensors))
+
+        if rows > 1 and all(o.ndim and o.shape[0] == rows for o in ref):
+            worst, r = 2.0, 0
+            for k in range(rows):
+                one = Refs((case,), (cut(k),), ([o[k:k + 1] for o in ref],))
+                worst, r = min((worst, r), (metric_margin(task_metrics(loaded, one, sess)), k))
+            tensors, ref = cut(r), [o[r:r + 1] for o in ref]
+        cases.append(case)
+        inputs.append(tensors)
+        outputs.append(ref)
+    return Refs(tuple(cases), tuple(inputs), tuple(outputs))
+
+
+# --------------------------------------------------------------------------- the builder
+
+
+@dataclass(frozen=True)
+class _Rounds:
+    kept: tuple[str, ...]
+    search: Int8Search | None
+    rounds: int
+    evaluations: int
+
+
+def _search_rounds(name: str, src: Path, dst: Path, ctx: BuildContext, refs: Refs, details: dict,
+                   failing: list[int]) -> _Rounds:
+    """Search, quantize with the kept nodes, re-check the real file; a case it still fails joins the next round.
+
+    ``failing``: the cases plain int8 fails; ``details`` (the int8 builder's) gets the weight range and
+    margins of the last quantization."""
+    loaded = ctx.loaded
+    kept: tuple[str, ...] = ()
+    search = None
+    rounds = evaluations = 0
+    while failing and rounds < MAX_ROUNDS:
+        rounds += 1
+        ctx.progress(f"variant {name}: searching which nodes to keep in fp32 (round {rounds}, "
+                     f"{len(failing)} case(s))")
+        # after round 1 the simulation said "passes" where the real kernels did not: one more node at least
+        search = int8_search(loaded, src, worst_rows(loaded, refs, failing, session(dst)), start=kept,
+                             min_steps=int(rounds > 1), reduce_range=details["reduce_range"])
+        evaluations += search.evaluations
+        if search.kept == kept:
+            break
+        kept = search.kept
+        details["reduce_range"], details["metric_margin"] = quantize_best(loaded, src, dst, refs, kept)
+        details["weights"] = "int8 (7-bit range)" if details["reduce_range"] else "int8"
+        failing = failing_cases(loaded, refs, session(dst))
+    return _Rounds(kept, search, rounds, evaluations)
+
+
+def build_int8_searched(name: str, src: Path, dst: Path, ctx: BuildContext) -> BuildOutcome:
+    """``int8`` / ``fused+int8``: :func:`~onnxport.optimize.quantize.build_int8`; when dynamic int8 fails its
+    metric, keep the fewest nodes in fp32 that make it pass.
+
+    The nodes are chosen by :func:`int8_search` on the failing cases; the real quantized file is then
+    checked on the whole matrix, and a case that still fails joins the search (at most four rounds). The
+    outcome carries the proof of ``dst`` (the variant is not proven again).
+    """
+    plain = build_int8(src, dst, ctx)
+    refs = ctx.refs
+    if plain.details.get("format") == "QDQ" or refs is None:
+        return plain
+    t0 = time.perf_counter()
+    proof = prove(ctx.loaded, name, dst, refs, ctx.tolerance)
+    spent = time.perf_counter() - t0
+    if proof.passed:
+        return BuildOutcome(plain.details, proof, spent)
+    details = dict(plain.details)
+    failing = failing_cases(ctx.loaded, refs, session(dst))
+    t_search = time.perf_counter()
+    found = _search_rounds(name, src, dst, ctx, refs, details, failing)
+    t0 = time.perf_counter()
+    proof_after = prove(ctx.loaded, name, dst, refs, ctx.tolerance)
+    spent = time.perf_counter() - t0
+    sens = {"kept_fp32": list(found.kept), "of": found.search.candidates if found.search else 0,
+            "plain_int8_metric": proof.metric, "method": METHOD, "rounds": found.rounds,
+            "evaluations": found.evaluations, "search_seconds": round(time.perf_counter() - t_search - spent, 3)}
+    return BuildOutcome({**details, "quantized_ops": list(QUANT_OPS), "sensitivity": sens}, proof_after, spent)

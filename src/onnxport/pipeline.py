@@ -1,0 +1,278 @@
+"""The stage sequence: load → export → check → prove (→ localize) → optimize → bench, with the report
+written at each checkpoint. The façades in api.py call into it."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from onnxport import diagnose, optimize, report, runtime
+from onnxport.bench import run as bench_run
+from onnxport.bench import sizes_at
+from onnxport.core.diagnostics import Diagnostic, error
+from onnxport.core.errors import ExportFailed, UsageError
+from onnxport.core.logs import Progress, noop
+from onnxport.core.onnxfile import external_data_files, move_model
+from onnxport.core.records import FP32, ExportResult, Failure, Tolerance
+from onnxport.core.samples import validation_cases
+from onnxport.core.spec import Dim, InputSpec, parse_dim, parse_input
+from onnxport.exporters import functions
+from onnxport.exporters.chain import export as run_export
+from onnxport.exporters.strategies import CONTROL_FLOW
+from onnxport.prove import branches, localize
+from onnxport.prove.check import check
+from onnxport.prove.parity import compare
+from onnxport.report.build import Outcome, build_report, status_of
+from onnxport.runtime import ops
+from onnxport.sources import load, parse_model_args
+from onnxport.sources.base import LoadedModel
+
+RESULT_FILES = ("model.onnx", "model.onnx.data", "model.unverified.onnx", "model.unverified.onnx.data",
+                "best.onnx", "report.json", "report.html", "report.md")
+
+
+def prepare_out(out: str | Path, force: bool) -> Path:
+    """Create ``out``; refuse to overwrite earlier results unless ``force``; clear them with ``force``."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file", "name a directory for the results")
+    existing = [n for n in RESULT_FILES if (out / n).exists()] + (["variants/"] if (out / "variants").exists() else [])
+    if existing and not force:
+        raise UsageError(f"{out} already holds results ({', '.join(existing[:3])})",
+                         "pass --force to overwrite them, or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    for name in existing:
+        target = out / name.rstrip("/")
+        if target.is_dir():
+            shutil.rmtree(target)
+        else:
+            target.unlink(missing_ok=True)
+    return out
+
+
+def use_runtime(custom_op_libraries: Sequence[str | Path] = (), device: str = "cpu") -> None:
+    """Load compiled custom-op libraries into every later ONNX Runtime session; fail early (exit 4) when
+    ``device`` cannot be used here."""
+    runtime.configure(device)
+    for lib in custom_op_libraries or ():
+        ops.add_library(lib)
+
+
+def run_pipeline(source: str, out: str | Path, *, inputs=None, dims=None, model_args=None, weights=None, task=None,
+              exporter: str = "auto", opset: int | None = None, tolerance: Tolerance = FP32, force: bool = False,
+              trust_remote_code: bool = False, command: str | None = None, progress: Progress = noop,
+              bench: dict | None = None, variants: str | Sequence[str] | None = None, seq: int | None = None,
+              custom_op_libraries: Sequence[str | Path] = (), device: str = "cpu") -> dict:
+    use_runtime(custom_op_libraries, device)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    progress(f"loading {source}")
+    if Path(out).exists() and not force:
+        prepare_out(out, force=False)  # fail fast before the (slow) load
+    loaded = load_model(source, inputs=inputs, dims=dims, model_args=model_args, weights=weights, task=task,
+                        trust_remote_code=trust_remote_code)
+    timings["load"] = time.perf_counter() - t0
+    _check_seq(loaded, seq)
+    out = prepare_out(out, force)
+    work = Path(tempfile.mkdtemp(prefix=".onnxport-", dir=out))
+    try:
+        return _run_stages(loaded, out, work, exporter=exporter, opset=opset, tolerance=tolerance,
+                           command=command, progress=progress, timings=timings, bench=bench, variants=variants,
+                           seq=seq)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _check_seq(loaded: LoadedModel, seq: int | None) -> None:
+    """--seq needs a token input with a dynamic length inside its declared range (fails before any work)."""
+    if seq is None:
+        return
+    sizes = sizes_at(loaded, seq)
+    for sym, d in loaded.dims.items():
+        if sizes.get(sym) == seq and not d.min <= seq <= d.max:
+            raise UsageError(f"--seq {seq} is outside the declared range of '{sym}' ({d.min}..{d.max})",
+                             f"pick a length in {d.min}..{d.max}, or declare a wider range with -d {sym}=MIN..MAX")
+
+
+def _run_stages(loaded: LoadedModel, out: Path, work: Path, *, exporter: str, opset: int | None,
+                tolerance: Tolerance, command: str | None, progress: Progress, timings: dict,
+                bench: dict | None = None, variants: str | Sequence[str] | None = None, seq: int | None = None
+                ) -> dict:
+    diags: list[Diagnostic] = list(loaded.diagnostics) + diagnose.static_traps(loaded)
+    functions.discover_loaded(loaded)  # autograd.Functions with symbolic(): reported, and exported as their ops
+    progress(f"exporting ({exporter})")
+    t = time.perf_counter()
+    try:
+        result = run_export(loaded, work / "model.onnx", exporter=exporter, opset=opset)
+    except ExportFailed as e:
+        timings["export"] = time.perf_counter() - t
+        diags.extend(diagnose.enrich(list(e.diagnostics), loaded, ()))
+        diags.extend(diagnose.explain_attempts(e.attempts, loaded, failed=True))
+        diags.append(error("export-failed", e.message, hint=e.hint))
+        return _write(Outcome(loaded, command, tuple(diags), dict(timings), attempts=e.attempts), out)
+    timings["export"] = time.perf_counter() - t
+    explained = diagnose.explain_attempts(result.attempts, loaded, failed=False)
+    kept = next((a for a in result.attempts if a.ok and a.exporter == result.exporter and not a.frozen), None)
+    if kept is not None and kept.exporter in CONTROL_FLOW:  # a strategy kept what the plain exporters could not
+        explained = [dataclasses.replace(d, severity="info") for d in explained]
+    diags.extend(explained)
+    diags.extend(result.diagnostics)
+    diags.extend(diagnose.lost_control_flow(result, loaded))
+    return _prove(loaded, result, out, diags, tolerance=tolerance, command=command, progress=progress,
+                  timings=timings, move_to_out=True, bench=bench, variants=variants, seq=seq)
+
+
+def _write(outcome: Outcome, out: Path) -> dict:
+    """A checkpoint: the report built from ``outcome``, written into ``out``."""
+    rep = build_report(outcome)
+    report.write_all(rep, out)
+    return rep
+
+
+def _prove(loaded: LoadedModel, result: ExportResult, out: Path, diags: list[Diagnostic], *, tolerance: Tolerance,
+           command: str | None, progress: Progress, timings: dict, move_to_out: bool, bench: dict | None = None,
+           extra_files: Sequence[str | Path] = (), variants: str | Sequence[str] | None = None,
+           seq: int | None = None) -> dict:
+    """check + parity (+ localization on failure) of ``result.path``, then the variants and the benchmark;
+    the report is written after each."""
+    outcome = _check_and_compare(loaded, result, diags, tolerance=tolerance, command=command, progress=progress,
+                                 timings=timings)
+    loaded = outcome.loaded
+    ok = status_of(result, outcome.check, outcome.parity, outcome.diagnostics) == "ok"
+    if move_to_out:
+        final = out / ("model.onnx" if ok else "model.unverified.onnx")
+        move_model(result.path, final)
+        model_file, outcome = final, outcome.but(model_path=final.name)
+    else:
+        model_file, outcome = Path(result.path), outcome.but(model_path=str(result.path))
+    rep = _write(outcome, out)
+    if variants and ok:
+        progress("building and proving the optimized variants")
+        t = time.perf_counter()
+        opt = optimize.variants(loaded, model_file, out, names=variants, tolerance=tolerance, progress=progress,
+                                bench_seq=seq)
+        outcome = outcome.but(optimized=opt, stage_seconds={**outcome.stage_seconds,
+                                                            "optimize": time.perf_counter() - t})
+        rep = _write(outcome, out)
+    if bench and ok:
+        progress("benchmarking PyTorch against ONNX Runtime")
+        t = time.perf_counter()
+        paths = {"onnxruntime": model_file, **{f"onnxruntime:{Path(p).stem}": Path(p) for p in extra_files}}
+        best = outcome.optimized.best if outcome.optimized is not None else None
+        if best is not None and best.name != "export":
+            paths[f"onnxruntime:best ({best.name})"] = out / "best.onnx"
+        measured = bench_run(loaded, paths, progress=progress, **bench)
+        outcome = outcome.but(benchmark=measured, stage_seconds={**outcome.stage_seconds,
+                                                                 "bench": time.perf_counter() - t})
+        rep = _write(outcome, out)
+    return rep
+
+
+def _check_and_compare(loaded: LoadedModel, result: ExportResult, diags: list[Diagnostic], *,
+                       tolerance: Tolerance, command: str | None, progress: Progress, timings: dict) -> Outcome:
+    """The proof: structural check, branch coverage, parity on the case matrix, and the localization of the
+    first failing case. The returned outcome's ``loaded`` runs on the configured device."""
+    progress("checking the graph")
+    t = time.perf_counter()
+    checked = check(result.path, loaded.inputs, loaded.dims)
+    timings["check"] = time.perf_counter() - t
+    diags.extend(checked.diagnostics)
+    diags = diagnose.enrich(diags, loaded, result.guards)
+    progress("proving parity with PyTorch")
+    t = time.perf_counter()
+    cases = validation_cases(loaded.dims)
+    diags.extend(diagnose.runtime_traps(loaded, cases[0]))
+    extra, sites = branches.cover(loaded, result.path, cases, result.guards)
+    cases += extra
+    placed, sess = _placed_session(result.path)
+    loaded = runtime.loaded_on_device(loaded, runtime.config().device)
+    parity = compare(loaded, result.path, cases=cases, tolerance=tolerance, dim_checks=checked.dynamic_dims,
+                     sess=sess)
+    del sess
+    diags.extend(diagnose.unreached_branches(sites, loaded))
+    timings["parity"] = time.perf_counter() - t
+    diags.extend(parity.diagnostics)
+    divergence = None
+    failing = [(c, r) for c, r in zip(cases, parity.cases) if not r.passed and r.failure is not Failure.TORCH]
+    if failing and not parity.load_error:
+        progress("localizing the divergence")
+        t = time.perf_counter()
+        divergence = localize.find(loaded, result.path, failing[0][0], tolerance)
+        timings["localize"] = time.perf_counter() - t
+        if divergence is not None:
+            diags.append(diagnose.explain_divergence(divergence, loaded, diags))
+    return Outcome(loaded, command, tuple(diags), dict(timings), export=result, check=checked, parity=parity,
+                   branches=tuple(sites), placement=placed, divergence=divergence,
+                   divergence_module=diagnose.label(loaded, divergence.module) if divergence else None)
+
+
+def _placed_session(path: Path) -> tuple[runtime.Placement | None, Any]:
+    """The parity session on the configured device and where its nodes went (None, None when onnxruntime
+    cannot load the file: parity then reports why)."""
+    cfg = runtime.config()
+    chain = runtime.default_providers()
+    log: list[str] = []
+    try:
+        sess = runtime.session(path, providers=chain, log_sink=log)
+    except UsageError:
+        return None, None
+    return runtime.placement_from(sess, cfg.device, chain, "".join(log)), sess
+
+
+def _as_specs(inputs: Sequence[str | InputSpec] | None) -> list[InputSpec]:
+    return [i if isinstance(i, InputSpec) else parse_input(i) for i in inputs or []]
+
+
+def _as_dims(dims: Sequence[str | Dim] | None) -> list[Dim]:
+    return [d if isinstance(d, Dim) else parse_dim(d) for d in dims or []]
+
+
+def load_model(source: str, *, inputs: Sequence[str | InputSpec] | None = None,
+               dims: Sequence[str | Dim] | None = None, model_args: dict | str | None = None,
+               weights: str | None = None, task: str | None = None, trust_remote_code: bool = False) -> LoadedModel:
+    """Load a model source (the SOURCE forms of the README) into a LoadedModel."""
+    args = parse_model_args(model_args) if isinstance(model_args, str) else (model_args or {})
+    return load(source, inputs=_as_specs(inputs), dims=_as_dims(dims), model_args=args, weights=weights,
+                task=task, trust_remote_code=trust_remote_code)
+
+
+def compare_file(source: str, onnx_path: str | Path, out: str | Path, *, inputs=None, dims=None, model_args=None,
+                 weights=None, task=None, tolerance: Tolerance = FP32, force: bool = False,
+                 trust_remote_code: bool = False, command: str | None = None, progress: Progress = noop,
+                 bench: dict | None = None, extra_files: Sequence[str | Path] = (),
+                 variants: str | Sequence[str] | None = None, seq: int | None = None,
+                 custom_op_libraries: Sequence[str | Path] = (), device: str = "cpu") -> dict:
+    """Prove any ONNX file (exported by onnxport or not) against the PyTorch model; localize a divergence."""
+    use_runtime(custom_op_libraries, device)
+    onnx_path = Path(onnx_path)
+    if not onnx_path.is_file():
+        raise UsageError(f"ONNX file not found: {onnx_path}", "check the path")
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    progress(f"loading {source}")
+    if Path(out).exists() and not force:
+        prepare_out(out, force=False)
+    loaded = load_model(source, inputs=inputs, dims=dims, model_args=model_args, weights=weights, task=task,
+                        trust_remote_code=trust_remote_code)
+    timings["load"] = time.perf_counter() - t0
+    _check_seq(loaded, seq)
+    out = prepare_out(out, force)
+    if onnx_path.resolve().parent == out.resolve() and onnx_path.name in RESULT_FILES:
+        raise UsageError("the ONNX file lies in --out, where results are written", "choose another --out")
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    result = ExportResult(onnx_path, "external", int(opset), 0.0, (), bool(external_data_files(onnx_path)))
+    diags = list(loaded.diagnostics) + diagnose.static_traps(loaded)
+    for extra in extra_files:
+        if not Path(extra).is_file():
+            raise UsageError(f"ONNX file not found: {extra}", "check the path")
+    return _prove(loaded, result, out, diags, tolerance=tolerance, command=command, progress=progress,
+                  timings=timings, move_to_out=False, bench=bench, extra_files=extra_files, variants=variants,
+                  seq=seq)

@@ -1,0 +1,120 @@
+"""Structural checks of an ONNX file: checker, shape inference, I/O signature, graph summary, dynamic dims."""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import onnx
+from onnx import helper
+
+from onnxport.core.diagnostics import Diagnostic, error, warning
+from onnxport.core.errors import UsageError
+from onnxport.core.onnxfile import file_bytes, walk_nodes
+from onnxport.core.records import CheckResult, DimCheck
+from onnxport.core.spec import InputSpec
+
+
+def _dtype_name(elem_type: int) -> str:
+    try:
+        return str(helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, ValueError):
+        return onnx.TensorProto.DataType.Name(elem_type).lower()
+
+
+def _io(value: onnx.ValueInfoProto) -> dict:
+    t = value.type.tensor_type
+    shape: list[int | str | None] | None = None
+    if t.HasField("shape"):
+        shape = []
+        for d in t.shape.dim:
+            if d.HasField("dim_value"):
+                shape.append(int(d.dim_value))
+            elif d.HasField("dim_param"):
+                shape.append(d.dim_param)
+            else:
+                shape.append(None)
+    return {"name": value.name, "dtype": _dtype_name(t.elem_type), "shape": shape}
+
+
+
+
+
+
+def check(path: str | Path, inputs: tuple[InputSpec, ...] | None = None, dims: dict | None = None) -> CheckResult:
+    """Check ``path`` structurally; with ``inputs``, verify that every declared-dynamic dim is symbolic."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"ONNX file not found: {path}", "check the path")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # noqa: BLE001
+        raise UsageError(f"{path} is not a readable ONNX file: {str(e).splitlines()[0][:200]}",
+                         "pass a .onnx file written by an ONNX exporter") from None
+    if path.stat().st_size == 0 or not model.HasField("graph"):
+        raise UsageError(f"{path} is not an ONNX model (it holds no graph)", "pass a .onnx file written by an ONNX exporter")
+    diags: list[Diagnostic] = []
+    checker_error = None
+    try:
+        onnx.checker.check_model(str(path))
+    except Exception as e:  # noqa: BLE001 - every checker failure is reported
+        checker_error = str(e).strip().splitlines()[0][:500] if str(e).strip() else type(e).__name__
+        hint = "the file does not follow the ONNX spec; re-export it or report the exporter bug"
+        if "should be stored in" in checker_error:
+            hint = ("the weights live in an external data file that is missing: keep the .data file(s) beside "
+                    "the .onnx file, under the name the graph refers to")
+        diags.append(error("onnx-checker", f"onnx.checker rejects the model: {checker_error}", hint=hint))
+    shape_error = None
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "inferred.onnx"
+            onnx.shape_inference.infer_shapes_path(str(path), str(out), strict_mode=True)
+    except Exception as e:  # noqa: BLE001
+        shape_error = str(e).strip().splitlines()[0][:500] if str(e).strip() else type(e).__name__
+        diags.append(warning("shape-inference", f"ONNX shape inference fails: {shape_error}",
+                             hint="runtimes may still run the model, but tools that need static shapes will not"))
+    graph = model.graph
+    init_names = {i.name for i in graph.initializer}
+    graph_inputs = tuple(_io(v) for v in graph.input if v.name not in init_names)
+    graph_outputs = tuple(_io(v) for v in graph.output)
+    histogram = Counter(
+        (f"{n.domain}.{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type) for n in walk_nodes(graph)
+    )
+    params = sum(math.prod(t.dims) for t in graph.initializer
+                 if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
+                                    onnx.TensorProto.DOUBLE, onnx.TensorProto.INT8, onnx.TensorProto.UINT8))
+    opsets = {(o.domain or "ai.onnx"): int(o.version) for o in model.opset_import}
+    dim_checks: list[DimCheck] = []
+    if inputs:
+        by_name = {io["name"]: io for io in graph_inputs}
+        for spec in inputs:
+            io = by_name.get(spec.name)
+            if io is None:
+                diags.append(error("input-missing", f"the ONNX model has no input '{spec.name}'",
+                                   hint="the exporter dropped an input that the model does not use, or renamed it"))
+                continue
+            for axis, d in enumerate(spec.shape):
+                if not isinstance(d, str):
+                    continue
+                got = io["shape"][axis] if io["shape"] and axis < len(io["shape"]) else None
+                rng = (dims or {}).get(d)
+                symbolic = not isinstance(got, int)
+                dim_checks.append(DimCheck(spec.name, axis, d, symbolic, got if isinstance(got, int) else None,
+                                           getattr(rng, "min", None), getattr(rng, "max", None)))
+                if not symbolic:
+                    diags.append(error(
+                        "dynamic-dim-fixed",
+                        f"input '{spec.name}' axis {axis} ('{d}') was declared dynamic but came out fixed to {got}",
+                        hint="the model ties this size to a constant (e.g. a Linear's in_features or a hard-coded "
+                             "reshape); declare it fixed in --input, or make the model accept any size",
+                    ))
+    return CheckResult(
+        path=path, ok=checker_error is None, checker_error=checker_error, shape_inference_error=shape_error,
+        ir_version=int(model.ir_version), opset=opsets.get("ai.onnx", 0), opsets=opsets,
+        producer=f"{model.producer_name} {model.producer_version}".strip(), nodes=sum(histogram.values()),
+        initializers=len(graph.initializer), parameters=int(params), bytes=file_bytes(path),
+        op_histogram=dict(histogram.most_common()), inputs=graph_inputs, outputs=graph_outputs,
+        dynamic_dims=tuple(dim_checks), diagnostics=tuple(diags),
+    )

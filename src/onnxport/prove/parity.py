@@ -1,0 +1,185 @@
+"""Numerical parity of an ONNX file with PyTorch on the test-case matrix; the tolerance policy."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from onnxport.core.diagnostics import Diagnostic, error
+from onnxport.core.errors import UsageError
+from onnxport.core.records import FP32, CaseResult, DimCheck, Failure, ParityResult, Tolerance, finite
+from onnxport.core.samples import Case, make_inputs, shapes_for, validation_cases
+from onnxport.runtime.feeds import FeedMap
+from onnxport.runtime.sessions import session
+from onnxport.sources.base import LoadedModel
+
+
+def compare_arrays(ref: np.ndarray, got: np.ndarray, tol: Tolerance) -> tuple[float, float, bool]:
+    """(max abs error, max relative error, passed) of ``got`` against the reference ``ref``."""
+    if ref.shape != got.shape:
+        return float("inf"), float("inf"), False
+    if ref.dtype == np.bool_ or np.issubdtype(ref.dtype, np.integer):
+        diff = np.abs(ref.astype(np.float64) - got.astype(np.float64))
+        worst = float(diff.max()) if diff.size else 0.0
+        return worst, worst, worst == 0.0
+    r = ref.astype(np.float64)
+    g = got.astype(np.float64)
+    both_nan = np.isnan(r) & np.isnan(g)
+    same_inf = np.isinf(r) & (r == g)
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(r - g)
+    diff[both_nan | same_inf] = 0.0
+    diff[np.isnan(diff)] = np.inf
+    if not diff.size:
+        return 0.0, 0.0, True
+    bound = tol.atol + tol.rtol * np.abs(np.nan_to_num(r, posinf=0.0, neginf=0.0))
+    rel = diff / np.maximum(np.abs(np.nan_to_num(r, posinf=0.0, neginf=0.0)), tol.atol)
+    return float(diff.max()), float(rel.max()), bool((diff <= bound).all())
+
+
+def run_torch(loaded: LoadedModel, inputs: tuple[torch.Tensor, ...]) -> list[np.ndarray]:
+    with torch.inference_mode():
+        outs = loaded.flat(*inputs)
+    return [o.detach().cpu().float().numpy() if o.dtype == torch.bfloat16 else o.detach().cpu().numpy()
+            for o in outs]
+
+
+def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | None = None,
+            tolerance: Tolerance = FP32, dim_checks: tuple[DimCheck, ...] = (), sess=None) -> ParityResult:
+    """Run PyTorch and ONNX Runtime on every case and compare all outputs with ``tolerance``."""
+    cases = cases if cases is not None else validation_cases(loaded.dims)
+    if sess is None:
+        try:
+            sess = session(onnx_path)
+        except UsageError as e:
+            msg = e.message.split(": ", 1)[-1]
+            failed = tuple(CaseResult(c.label, shapes_for(loaded.inputs, c.sizes), c.values, float("inf"),
+                                      float("inf"), False, f"onnxruntime cannot load the model: {msg}",
+                                      sizes=dict(c.sizes), failure=Failure.ORT_LOAD) for c in cases)
+            hint = ("the graph uses an operator (or operator version) this onnxruntime has no kernel for; "
+                    "try another --opset, or replace the op in the model")
+            diag = error("onnxruntime-load-failed", f"onnxruntime cannot load the model: {msg}",
+                         node=_node_in(msg), hint=e.hint if "registered function/op" in msg else hint)
+            return ParityResult(False, tolerance, failed, tuple(replace(d, proven=False) for d in dim_checks),
+                                (diag,), load_error=msg)
+    feed = FeedMap.of(loaded.inputs, sess)
+    onnx_outputs = [o.name for o in sess.get_outputs()]
+    by_name = all(n in onnx_outputs for n in loaded.output_names)
+    diags: list[Diagnostic] = []
+    results = [_run_case(loaded, sess, feed, case, tolerance, onnx_outputs, by_name) for case in cases]
+    results = [replace(r, sizes=dict(c.sizes)) for c, r in zip(cases, results)]
+    checks = _prove_dims(loaded, dim_checks, cases, results)
+    passed = bool(results) and all(r.passed for r in results) and all(d.proven for d in checks)
+    failed = [r for r in results if not r.passed]
+    if failed:
+        worst = failed[0]
+        diags.append(error(
+            "parity-failed",
+            f"{len(failed)} of {len(results)} validation cases fail; first: '{worst.label}' at "
+            f"{_fmt_shapes(worst.shapes)}: {worst.error or 'outputs differ'}",
+            hint=_parity_hint(failed, results),
+        ))
+    for d in checks:
+        if d.symbolic and not d.proven and any(r.passed for r in results):
+            diags.append(error(
+                "dynamic-dim-unproven",
+                f"input '{d.input}' axis {d.axis} ('{d.symbol}') is symbolic but the model matches PyTorch at "
+                f"{len(d.sizes_passed)} size(s) only ({', '.join(map(str, d.sizes_passed)) or 'none'})",
+                hint="the export probably baked this size into a Reshape or Expand; see the failing cases",
+            ))
+    return ParityResult(passed, tolerance, tuple(results), checks, tuple(diags))
+
+
+def _run_case(loaded: LoadedModel, sess, feed: FeedMap, case: Case, tolerance: Tolerance,
+              onnx_outputs: list[str], by_name: bool) -> CaseResult:
+    """PyTorch and ONNX Runtime on one case, every output compared."""
+    t0 = time.perf_counter()
+    inputs = make_inputs(loaded.inputs, case.sizes, case.values, case.seed)
+    shapes = shapes_for(loaded.inputs, case.sizes)
+
+    def failed(kind: Failure, message: str) -> CaseResult:
+        return CaseResult(case.label, shapes, case.values, float("inf"), float("inf"), False, message,
+                          seconds=time.perf_counter() - t0, failure=kind)
+
+    try:
+        ref = run_torch(loaded, inputs)
+    except Exception as e:  # noqa: BLE001
+        return failed(Failure.TORCH, f"PyTorch itself fails: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+    try:
+        got = sess.run(None, feed(inputs))
+    except Exception as e:  # noqa: BLE001
+        return failed(Failure.ORT_RUN, f"onnxruntime fails: {short_ort_error(str(e))}")
+    if by_name:
+        got_by = dict(zip(onnx_outputs, got))
+        pairs = [(n, r, got_by[n]) for n, r in zip(loaded.output_names, ref)]
+    elif len(got) == len(ref):
+        pairs = [(n, r, g) for n, r, g in zip(loaded.output_names, ref, got)]
+    else:
+        return failed(Failure.OUTPUT_COUNT, f"PyTorch returns {len(ref)} outputs, the ONNX model {len(got)}")
+    per_out: dict[str, dict] = {}
+    worst_abs = worst_rel = 0.0
+    ok = True
+    problems = []
+    for name, r, g in pairs:
+        a, rel, passed = compare_arrays(r, np.asarray(g), tolerance)
+        per_out[name] = {"shape": list(r.shape), "onnx_shape": list(np.shape(g)),
+                         "max_abs_err": finite(a), "max_rel_err": finite(rel), "passed": passed}
+        worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, rel)
+        ok &= passed
+        if r.shape != np.shape(g):
+            problems.append(f"{name}: shape {list(np.shape(g))} instead of {list(r.shape)}")
+        elif not passed:
+            problems.append(f"{name}: max abs error {a:.3g}")
+    return CaseResult(case.label, shapes, case.values, worst_abs, worst_rel, ok, "; ".join(problems) or None,
+                      per_out, time.perf_counter() - t0, failure=None if ok else Failure.MISMATCH)
+
+
+def _prove_dims(loaded: LoadedModel, dim_checks: tuple[DimCheck, ...], cases: list[Case],
+                results: list[CaseResult]) -> tuple[DimCheck, ...]:
+    proven = []
+    for d in dim_checks:
+        sizes = sorted({c.sizes[d.symbol] for c, r in zip(cases, results) if r.passed and d.symbol in c.sizes})
+        proven.append(replace(d, sizes_passed=tuple(sizes), proven=d.symbolic and len(sizes) >= 2))
+    return tuple(proven)
+
+
+ORT_NODE_ERROR = re.compile(r"running (\w+) node\. Name:'([^']*)'(?: Status Message: (.*))?")
+
+
+def short_ort_error(message: str) -> str:
+    """onnxruntime's error in one short line: the node and the reason, without source paths."""
+    text = " ".join(message.split())
+    m = ORT_NODE_ERROR.search(text)
+    if m and m.group(3):
+        reason = m.group(3).split(" was false. ")[-1]
+        reason = re.sub(r"/onnxruntime_src/\S+ ", "", reason)
+        return f"{m.group(1)} node '{m.group(2)}': {reason}"[:240]
+    return re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)[:240]
+
+
+def _node_in(message: str) -> str | None:
+    m = re.search(r"node with name '([^']+)'", message)
+    return m.group(1) if m else None
+
+
+def _fmt_shapes(shapes: dict[str, list[int]]) -> str:
+    return ", ".join(f"{k}{v}" for k, v in shapes.items())
+
+
+def _parity_hint(failed: list[CaseResult], results: list[CaseResult]) -> str:
+    if any(r.failure is Failure.ORT_RUN for r in failed):
+        if any(r.passed for r in results):
+            return ("the graph runs at some shapes only: a size was baked in during export (often a Reshape "
+                    "from tracing); try --exporter dynamo, or make the model's reshapes use -1 / x.shape")
+        return "onnxruntime cannot run the graph; run 'onnxport check' on it"
+    if any(r.failure is Failure.TORCH for r in failed):
+        return "the declared --dim ranges include sizes the PyTorch model cannot take; narrow them"
+    if any(r.passed for r in results):
+        return ("outputs differ at some inputs only: a branch or value may have been frozen during export; "
+                "compare the failing cases' shapes and values with the passing ones")
+    return "outputs differ everywhere: check model.eval(), random ops, or an operator exported wrongly"

@@ -1,0 +1,142 @@
+"""Build the report.json dictionary (the public contract) from the stage records.
+
+The pipeline keeps one :class:`Outcome` (the records of every stage run so far) and, at each checkpoint,
+replaces it with one that holds more and writes ``build_report(outcome)``: the dictionary is never patched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from onnxport import environment
+from onnxport.bench import BenchResult
+from onnxport.core.diagnostics import Diagnostic
+from onnxport.core.records import Attempt, CheckResult, Divergence, ExportResult, ParityResult
+from onnxport.core.version import __version__
+from onnxport.optimize import OptimizeResult
+from onnxport.prove.branches import Site
+from onnxport.runtime import Placement
+from onnxport.sources.base import LoadedModel
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Everything one run has produced so far, stage by stage (None: the stage has not run)."""
+
+    loaded: LoadedModel
+    command: str | None
+    diagnostics: tuple[Diagnostic, ...]
+    timings: Mapping[str, float]
+    created_at: str = field(default_factory=_now)
+    export: ExportResult | None = None
+    attempts: tuple[Attempt, ...] = ()  # the tries of an export that failed (else export.attempts)
+    check: CheckResult | None = None
+    parity: ParityResult | None = None
+    branches: tuple[Site, ...] = ()
+    placement: Placement | None = None
+    divergence: Divergence | None = None
+    divergence_module: str | None = None  # the divergence's module as the user knows it (diagnose.label)
+    model_path: str | None = None  # where the export now lies (a name in OUT, or the user's file)
+    optimized: OptimizeResult | None = None
+    stage_seconds: Mapping[str, float] = field(default_factory=dict)  # optimize / bench, rounded in the report
+    benchmark: BenchResult | None = None
+
+    def but(self, **changes: Any) -> Outcome:
+        """A copy with ``changes`` (the next checkpoint)."""
+        return dataclasses.replace(self, **changes)
+
+
+def status_of(export: ExportResult | None, check: CheckResult | None, parity: ParityResult | None,
+              diagnostics: tuple[Diagnostic, ...] | list[Diagnostic]) -> str:
+    """ok, validation_failed or export_failed."""
+    if export is None:
+        return "export_failed"
+    if check is not None and check.ok and parity is not None and parity.passed and not any(
+            d.severity == "error" for d in diagnostics):
+        return "ok"
+    return "validation_failed"
+
+
+def build_report(o: Outcome) -> dict:
+    """The report.json dictionary (docs/architecture.md; schema in report/schema.json)."""
+    loaded, result, checked, parity = o.loaded, o.export, o.check, o.parity
+    status = status_of(result, checked, parity, o.diagnostics)
+    spec_io = [{"name": s.name, "dtype": s.dtype, "shape": list(s.shape)} for s in loaded.inputs]
+    rep: dict[str, Any] = {
+        "onnxport_version": __version__,
+        "status": status,
+        "summary": "",
+        "created_at": o.created_at,
+        "command": o.command,
+        "model": {"source": loaded.source, "name": loaded.name, "parameters": loaded.parameters,
+                  "kind": loaded.kind,
+                  "dims": {k: {"min": d.min, "max": d.max, "export": d.example} for k, d in loaded.dims.items()}},
+        "export": {
+            "exporter": result.exporter if result else None,
+            "opset": result.opset if result else None,
+            "seconds": round(result.seconds if result else o.timings.get("export", 0.0), 3),
+            "path": o.model_path,
+            "external_data": bool(result.external_data) if result else False,
+            "inputs": list(checked.inputs) if checked else spec_io,
+            "outputs": list(checked.outputs) if checked else [{"name": n, "dtype": "unknown", "shape": None}
+                                                              for n in loaded.output_names],
+            "attempts": [a.to_dict() for a in (result.attempts if result else o.attempts)],
+            "custom_ops": [f.to_dict() for f in loaded.extra.get("custom_functions", ())],
+        },
+        "check": None,
+        "validation": None,
+        "variants": o.optimized.to_list() if o.optimized is not None else [],
+        "benchmark": o.benchmark.to_dict() if o.benchmark is not None else None,
+        "diagnostics": [d.to_dict() for d in o.diagnostics],
+        "timings": {**{k: round(v, 3) for k, v in o.timings.items()},
+                    **{k: round(v, 3) for k, v in o.stage_seconds.items()}},
+        "environment": environment.summary(),
+    }
+    if checked is not None:
+        c = checked.to_dict()
+        if parity is not None:
+            c["dynamic_dims"] = [d.to_dict() for d in parity.dynamic_dims]
+        rep["check"] = c
+    if parity is not None:
+        divergence = None
+        if o.divergence is not None:
+            divergence = {**o.divergence.to_dict(), "module": o.divergence_module}
+        rep["validation"] = {"passed": parity.passed, "tolerance": parity.tolerance.to_dict(),
+                             "cases": [c.to_dict() for c in parity.cases], "divergence": divergence,
+                             "branches": [s.to_dict() for s in o.branches]}
+    if o.placement is not None:
+        rep["runtime"] = o.placement.to_dict()
+    if o.optimized is not None:
+        best = o.optimized.best
+        rep["best"] = None if best is None else {"name": best.name, "path": "best.onnx", "speedup": best.speedup,
+                                                 "timed_at": o.optimized.timed_at}
+    rep["summary"] = summary_sentence(rep)
+    return rep
+
+
+def summary_sentence(rep: dict) -> str:
+    """The verdict in one sentence."""
+    status = rep["status"]
+    if status == "export_failed":
+        errs = [a["error"] for a in rep["export"]["attempts"] if a.get("error")]
+        return "Export failed: " + (errs[-1] if errs else "no exporter produced a model") + "."
+    val = rep.get("validation") or {}
+    cases = val.get("cases", [])
+    n_ok = sum(c["passed"] for c in cases)
+    if status == "ok":
+        worst = max((c["max_abs_err"] or 0.0 for c in cases), default=0.0)
+        syms = list(dict.fromkeys(d["symbol"] for d in rep["check"]["dynamic_dims"]))
+        dyn = f"; dynamic dims {', '.join(syms)} proven" if syms else ""
+        return (f"Proven: the ONNX model matches PyTorch on {n_ok}/{len(cases)} cases "
+                f"(max abs error {worst:.2e}){dyn}.")
+    first = next((d for d in rep["diagnostics"] if d["severity"] == "error"), None)
+    reason = first["message"] if first else "validation failed"
+    return f"Not proven ({n_ok}/{len(cases)} cases pass): {reason}"

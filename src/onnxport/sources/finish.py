@@ -1,0 +1,111 @@
+"""What every loader does last: the inputs and dims merged, the model made flat and run once at the export
+sizes, the LoadedModel built."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from onnxport.core.diagnostics import Diagnostic
+from onnxport.core.errors import SourceError, UsageError
+from onnxport.core.samples import export_sizes, make_inputs
+from onnxport.core.spec import Dim, InputSpec, merge_dims
+from onnxport.sources.base import (
+    LoadedModel,
+    count_parameters,
+    integer_range,
+    make_flat,
+    output_names,
+    to_eval,
+)
+
+
+def finish(source: str, name: str, kind: str, model: nn.Module, specs: list[InputSpec], declared: list[Dim],
+           defaults: dict[str, Dim] | None = None, diagnostics: tuple[Diagnostic, ...] = (),
+           extra: dict[str, Any] | None = None, ranges: dict[str, tuple[int, int]] | None = None,
+           built_here: bool = False) -> LoadedModel:
+    """Common tail of every source: eval mode, value ranges, dims, wrapper, output names."""
+    if not specs:
+        raise UsageError(
+            f"{source} needs --input: onnxport cannot infer the inputs of this model",
+            "describe each forward() input, e.g. -i 'x:float32[batch,16]' -d batch=1..64",
+        )
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise UsageError("two --input entries share a name", "give every input a distinct NAME")
+    diags = tuple(diagnostics) + to_eval(model, name, built_here)
+    ranges = ranges or {}
+    fixed: list[InputSpec] = []
+    for s in specs:
+        if s.value_range is None and s.dtype != "bool" and not s.dtype.startswith("float") and s.dtype != "bfloat16":
+            s = InputSpec(s.name, s.dtype, s.shape, ranges.get(s.name) or integer_range(model, s))
+        fixed.append(s)
+    spec_t = tuple(fixed)
+    resolved = merge_dims(list(spec_t), declared, defaults)
+    flat = make_flat(model, spec_t)
+    example = make_inputs(spec_t, export_sizes(resolved), seed=0)
+    try:
+        outs = output_names(flat, example)
+    except SourceError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a model that cannot run on its own inputs
+        first = " ".join(str(e).split())[:300]
+        if isinstance(e, IndexError) and "index out of range" in first:
+            raise _out_of_range(model, spec_t) from None
+        raise UsageError(
+            f"the model fails on the example inputs ({', '.join(str(s) for s in spec_t)}): {type(e).__name__}: {first}",
+            "check --input names, dtypes and fixed sizes against forward(), and --dim ranges",
+        ) from None
+    _preflight(flat, spec_t, resolved)
+    return LoadedModel(
+        source=source, name=name, kind=kind, model=model, flat=flat, inputs=spec_t, dims=resolved,
+        output_names=outs, parameters=count_parameters(model), diagnostics=diags, extra=dict(extra or {}),
+    )
+
+
+def _out_of_range(model: nn.Module, specs: tuple[InputSpec, ...]) -> UsageError:
+    """The integer inputs' value ranges exceed an Embedding's rows: name both."""
+    emb = [(n, m.num_embeddings) for n, m in model.named_modules() if isinstance(m, nn.Embedding)]
+    ints = [s for s in specs if s.value_range is not None]
+    where = ", ".join(f"{n} ({k} rows, ids 0..{k - 1})" for n, k in emb[:3]) or "an index-taking op"
+    ranges = ", ".join(f"'{s.name}' {{{s.value_range[0]}..{s.value_range[1]}}}" for s in ints)
+    err = UsageError(f"integer inputs {ranges} index past {where}",
+                     "give the input the range the model accepts, e.g. -i 'input_ids:int64[batch,seq]{0..N-1}' "
+                     "with N the embedding's size")
+    err.code = "int-out-of-range"
+    return err
+
+
+def _preflight(flat: nn.Module, specs: tuple[InputSpec, ...], dims: dict[str, Dim]) -> None:
+    """Vary each dynamic dim once at a small size: a dim the model cannot vary is a usage error."""
+    base = export_sizes(dims)
+    for sym, d in dims.items():
+        if d.min == d.max:
+            continue
+        alt = d.min if d.min != base[sym] else min(base[sym] + 1, d.max)
+        sizes = dict(base, **{sym: alt})
+        try:
+            with torch.inference_mode():
+                flat(*make_inputs(specs, sizes, seed=0))
+        except Exception as e:  # noqa: BLE001
+            first = " ".join(str(e).split())[:200]
+            where = ", ".join(f"'{s.name}' axis {s.shape.index(sym)}" for s in specs if sym in s.shape)
+            raise UsageError(
+                f"dim '{sym}' ({where}) cannot vary: the PyTorch model fails with {sym}={alt} "
+                f"but runs with {sym}={base[sym]} ({type(e).__name__}: {first})",
+                f"give that axis a fixed size in --input (e.g. {base[sym]}) or narrow the range with --dim",
+            ) from None
+
+
+def declared_or(inputs: list[InputSpec], default: list[InputSpec]) -> list[InputSpec]:
+    """User --input wins over the inputs a source infers."""
+    return inputs if inputs else default
+
+
+def ensure_module(obj: Any, where: str) -> nn.Module:
+    if isinstance(obj, nn.Module):
+        return obj
+    raise SourceError(f"{where} gave a {type(obj).__name__}, not a torch.nn.Module",
+                      "point SOURCE at an nn.Module class or a function that returns one")

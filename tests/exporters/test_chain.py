@@ -1,0 +1,102 @@
+"""Export strategies on tiny models: dynamo, TorchScript, the auto fallback, opsets and external data."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+
+from onnxport.api import load_model
+from onnxport.core.errors import ExportFailed, UsageError
+from onnxport.core.logs import captured_output
+from onnxport.exporters.chain import export
+from onnxport.exporters.opsets import default_opset, exporter_max_opset, onnxruntime_max_opset
+from onnxport.prove.check import check
+from onnxport.prove.parity import compare
+from tests.conftest import MODELS
+
+
+def _mlp():
+    return load_model(f"{MODELS}:TinyMLP", inputs=["x:float32[batch,8]"], dims=["batch=1..32"])
+
+
+def test_default_opset_is_newest_supported_by_both():
+    assert onnxruntime_max_opset() >= 17
+    for exporter in ("dynamo", "torchscript"):
+        assert default_opset(exporter) == max(17, min(exporter_max_opset(exporter), onnxruntime_max_opset()))
+    assert exporter_max_opset("torchscript") <= exporter_max_opset("dynamo")
+
+
+def test_dynamo_export_keeps_names_and_dynamic_batch(tmp_path):
+    res = export(_mlp(), tmp_path / "m.onnx", exporter="dynamo")
+    assert res.exporter == "dynamo" and len(res.attempts) == 1 and res.attempts[0].ok
+    assert res.opset == default_opset("dynamo")
+    model = onnx.load(str(res.path))
+    assert [i.name for i in model.graph.input] == ["x"]
+    assert [o.name for o in model.graph.output] == ["output"]
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param
+    assert not (tmp_path / "m.onnx.data").exists()
+
+
+def test_torchscript_export_names_nested_outputs_and_their_dynamic_axes(tmp_path):
+    lm = load_model(f"{MODELS}:DictOut", inputs=["x:float32[batch,4]", "mask:int64[batch,3]"])
+    res = export(lm, tmp_path / "m.onnx", exporter="torchscript", opset=18)
+    assert res.opset == 18
+    model = onnx.load(str(res.path))
+    outs = {o.name: o for o in model.graph.output}
+    assert list(outs) == ["logits", "extra_0", "extra_1"]
+    assert outs["logits"].type.tensor_type.shape.dim[0].dim_param == "batch"
+    par = compare(lm, res.path, dim_checks=check(res.path, lm.inputs, lm.dims).dynamic_dims)
+    assert par.passed and all(d.proven for d in par.dynamic_dims)
+
+
+def test_auto_goes_past_a_frozen_trace_and_records_every_attempt(tmp_path):
+    lm = load_model(f"{MODELS}:NeedsItem", inputs=["x:float32[batch,4]"])
+    res = export(lm, tmp_path / "m.onnx")
+    assert [a.exporter for a in res.attempts] == ["dynamo", "torchscript", "cond", "script"]
+    assert not res.attempts[0].ok and res.attempts[0].error and res.attempts[0].seconds > 0
+    assert res.attempts[1].ok and "models.py:55" in res.attempts[1].frozen
+    assert not res.attempts[2].ok and res.attempts[2].error  # torch.cond cannot take an .item() predicate
+    assert res.attempts[3].ok and not res.attempts[3].frozen and res.exporter == "script"
+    assert any(d.code == "tracer-warning" and "models.py" in d.message for d in res.diagnostics)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]  # the other attempts' files are gone
+
+
+def test_export_failure_raises_with_all_attempts(tmp_path):
+    src = tmp_path / "eig.py"
+    src.write_text("import torch\nclass Eig(torch.nn.Module):\n"
+                   "    def forward(self, x):\n        return torch.linalg.eigvals(x).real\n")
+    lm = load_model(f"{src}:Eig", inputs=["x:float32[batch,3,3]"])
+    with pytest.raises(ExportFailed) as info:
+        export(lm, tmp_path / "m.onnx")
+    assert info.value.exit_code == 3
+    assert [a.exporter for a in info.value.attempts] == ["dynamo", "torchscript", "cond", "script"]
+    assert "eig" in info.value.attempts[1].error
+    assert all(a.error.startswith("not applicable") for a in info.value.attempts[2:])  # no if/for/while to keep
+    assert "cond:" not in info.value.message
+
+
+def test_external_data_above_threshold(tmp_path):
+    lm = load_model(f"{MODELS}:TinyMLP", inputs=["x:float32[batch,8]"], model_args={"hidden": 64})
+    res = export(lm, tmp_path / "m.onnx", exporter="torchscript", external_data_threshold=0)
+    assert res.external_data
+    assert (tmp_path / "m.onnx.data").stat().st_size > 0
+    summary = check(res.path, lm.inputs, lm.dims)
+    assert summary.ok and summary.bytes > res.path.stat().st_size
+    assert compare(lm, res.path, dim_checks=summary.dynamic_dims).passed
+
+
+def test_bad_exporter_and_opset_are_usage_errors(tmp_path):
+    with pytest.raises(UsageError):
+        export(_mlp(), tmp_path / "m.onnx", exporter="onnxsim")
+    with pytest.raises(UsageError):
+        export(_mlp(), tmp_path / "m.onnx", opset=99)
+
+
+def test_captured_output_swallows_python_and_c_level_output(capfd):
+    import os
+
+    with captured_output():
+        print("python chatter")
+        os.write(1, b"c-level chatter\n")
+    print("after")
+    assert capfd.readouterr().out == "after\n"
