@@ -71,7 +71,8 @@ def test_export_failure_raises_with_all_attempts(tmp_path):
     assert info.value.exit_code == 3
     assert [a.exporter for a in info.value.attempts] == ["dynamo", "torchscript", "cond", "script"]
     assert "eig" in info.value.attempts[1].error
-    assert all(a.error.startswith("not applicable") for a in info.value.attempts[2:])  # no if/for/while to keep
+    assert all(a.not_applicable for a in info.value.attempts[2:])  # no if/for/while to keep
+    assert info.value.attempts[2].to_dict()["error"].startswith("not applicable: ")
     assert "cond:" not in info.value.message
 
 

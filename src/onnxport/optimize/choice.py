@@ -16,6 +16,7 @@ from typing import Any
 
 from onnxport.bench import bench_sizes, sizes_at, stats, timed_blocks
 from onnxport.core.errors import UsageError
+from onnxport.core.logs import Progress, noop
 from onnxport.core.onnxfile import file_bytes
 from onnxport.core.records import FP32, Tolerance
 from onnxport.core.samples import Case, make_inputs, validation_cases
@@ -23,9 +24,7 @@ from onnxport.optimize.context import (
     BuildContext,
     Builder,
     BuildOutcome,
-    Progress,
     Skip,
-    quiet,
     reference_outputs,
 )
 from onnxport.optimize.fusion import build_fused, transformer_params
@@ -249,7 +248,7 @@ def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path, *
     The winner is the fastest at batch 1 and, for token inputs, sequence length ``bench_seq`` (default: the
     export size): int8 and fusions pay off differently at 16 and at 128 tokens, so time at your traffic's length.
     """
-    say = progress or quiet
+    say = progress or noop
     wanted = parse_names(names)
     model_path, out = Path(model_path), Path(out_dir)
     if not model_path.is_file():

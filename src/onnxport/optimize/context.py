@@ -12,17 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
+from onnxport.core.logs import Progress, noop
 from onnxport.core.records import FP32, Tolerance
 from onnxport.core.samples import Case, make_inputs
 from onnxport.optimize.result import Proof
 from onnxport.prove.parity import run_torch
 from onnxport.sources.base import LoadedModel
-
-Progress = Callable[[str], None]
-
-
-def quiet(_message: str) -> None:
-    """A progress callback that says nothing."""
 
 
 class Skip(Exception):
@@ -63,7 +58,7 @@ class BuildContext:
     tolerance: Tolerance = FP32
     refs: Refs | None = None
     transformer: dict | None = None  # num_heads / hidden_size / model_type / found_in, see transformer_params
-    progress: Progress = quiet
+    progress: Progress = noop
 
 
 @dataclass(frozen=True)
