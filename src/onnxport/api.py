@@ -35,12 +35,13 @@ QUICK_BENCH = {"batches": (1, 8), "warmup": 2, "min_runs": 20, "max_seconds": 2.
 
 
 def convert(source: str, out: str | Path, *, bench: dict | None = None, optimize: bool = True, **kwargs: Any) -> dict:
-    """The whole pipeline for ``source``: export, check, prove, optimize (every variant unless ``variants``
-    names some; ``optimize=False`` skips it), then a short benchmark (``bench``: options for bench.run;
-    ``{}`` skips it)."""
+    """The whole pipeline for ``source``: export, check, prove, optimize (``variants``: "auto" (default) builds
+    the variants that can win for this model on this device and lists the others as skipped with the reason,
+    "all" every one, or a list; ``budget``: seconds for the variant search; ``optimize=False`` skips it), then a
+    short benchmark (``bench``: options for bench.run; ``{}`` skips it)."""
     if not optimize and kwargs.get("variants"):
         raise UsageError("--variants and --no-optimize contradict each other", "drop one of them")
-    kwargs["variants"] = parse_names(kwargs.get("variants")) if optimize else None
+    kwargs["variants"] = parse_names(kwargs.get("variants") or "auto") if optimize else None
     if bench is None:
         bench = {**QUICK_BENCH, **({"seq_lens": [kwargs["seq"]]} if kwargs.get("seq") else {})}
     return run_pipeline(source, out, bench=bench, **kwargs)

@@ -12,7 +12,7 @@ from onnxport.exporters.opsets import exporter_max_opset, onnxruntime_max_opset
 PACKAGES = ("torch", "torchvision", "onnx", "onnxruntime", "onnxscript", "onnx-ir", "transformers", "timm",
             "onnxslim", "numpy")
 _CPU_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile",
-              "amx_int8", "amx_bf16", "f16c")
+              "amx_int8", "amx_bf16", "avx512_fp16", "amx_fp16", "f16c")
 
 
 def versions() -> dict[str, str | None]:

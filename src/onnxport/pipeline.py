@@ -3,15 +3,14 @@ written at each checkpoint. The façades in api.py call into it."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
-
-import onnx
 
 from onnxport import diagnose, optimize, report, runtime
 from onnxport.bench import run as bench_run
@@ -19,7 +18,7 @@ from onnxport.bench import sizes_at
 from onnxport.core.diagnostics import Diagnostic, error
 from onnxport.core.errors import ExportFailed, UsageError
 from onnxport.core.logs import Progress, noop
-from onnxport.core.onnxfile import external_data_files, move_model
+from onnxport.core.onnxfile import external_data_files, move_model, read_graph
 from onnxport.core.records import FP32, ExportResult, Failure, Tolerance
 from onnxport.core.samples import validation_cases
 from onnxport.core.spec import Dim, InputSpec, parse_dim, parse_input
@@ -34,7 +33,7 @@ from onnxport.runtime import ops
 from onnxport.sources import load, parse_model_args
 from onnxport.sources.base import LoadedModel
 
-RESULT_FILES = ("model.onnx", "model.onnx.data", "model.unverified.onnx", "model.unverified.onnx.data",
+RESULT_FILES = ("model.onnx", "model.onnx.data", "model.unverified.onnx", "model.unverified.onnx.data", "onnxport.log",
                 "best.onnx", "report.json", "report.html", "report.md")
 
 
@@ -47,7 +46,7 @@ def prepare_out(out: str | Path, force: bool) -> Path:
     if existing and not force:
         raise UsageError(f"{out} already holds results ({', '.join(existing[:3])})",
                          "pass --force to overwrite them, or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
+    make_out(out)
     for name in existing:
         target = out / name.rstrip("/")
         if target.is_dir():
@@ -55,6 +54,36 @@ def prepare_out(out: str | Path, force: bool) -> Path:
         else:
             target.unlink(missing_ok=True)
     return out
+
+
+def make_out(out: Path) -> bool:
+    """Create the output folder (and its parents); True when it did not exist. A folder that cannot be
+    created is a UsageError naming the reason."""
+    out = Path(out)
+    if out.is_dir():
+        return False
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create the output folder {out}: {e.strerror or type(e).__name__}",
+                         "choose an --out folder in a place you can write to") from None
+    return True
+
+
+@contextlib.contextmanager
+def output_folder(out: str | Path, force: bool) -> Iterator[Path]:
+    """The output folder, checked before any slow work (earlier results kept unless ``force``; created, so
+    a folder that cannot be made fails at once); removed again when the run fails before writing anything."""
+    out = Path(out)
+    if out.exists() and not force:
+        prepare_out(out, force=False)  # earlier results: refused before the (slow) load
+    created = make_out(out)
+    try:
+        yield out
+    except BaseException:
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise
 
 
 def use_runtime(custom_op_libraries: Sequence[str | Path] = (), device: str = "cpu") -> None:
@@ -69,25 +98,26 @@ def run_pipeline(source: str, out: str | Path, *, inputs=None, dims=None, model_
               exporter: str = "auto", opset: int | None = None, tolerance: Tolerance = FP32, force: bool = False,
               trust_remote_code: bool = False, command: str | None = None, progress: Progress = noop,
               bench: dict | None = None, variants: str | Sequence[str] | None = None, seq: int | None = None,
-              custom_op_libraries: Sequence[str | Path] = (), device: str = "cpu") -> dict:
+              custom_op_libraries: Sequence[str | Path] = (), device: str = "cpu", log_name: str | None = None,
+              budget: float | None = None) -> dict:
+    """Load ``source`` and run every stage into ``out`` (see :mod:`onnxport.api` for the arguments)."""
     use_runtime(custom_op_libraries, device)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     progress(f"loading {source}")
-    if Path(out).exists() and not force:
-        prepare_out(out, force=False)  # fail fast before the (slow) load
-    loaded = load_model(source, inputs=inputs, dims=dims, model_args=model_args, weights=weights, task=task,
-                        trust_remote_code=trust_remote_code)
-    timings["load"] = time.perf_counter() - t0
-    _check_seq(loaded, seq)
-    out = prepare_out(out, force)
-    work = Path(tempfile.mkdtemp(prefix=".onnxport-", dir=out))
-    try:
-        return _run_stages(loaded, out, work, exporter=exporter, opset=opset, tolerance=tolerance,
-                           command=command, progress=progress, timings=timings, bench=bench, variants=variants,
-                           seq=seq)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with output_folder(out, force) as out:
+        loaded = load_model(source, inputs=inputs, dims=dims, model_args=model_args, weights=weights, task=task,
+                            trust_remote_code=trust_remote_code)
+        timings["load"] = time.perf_counter() - t0
+        _check_seq(loaded, seq)
+        out = prepare_out(out, force)
+        work = Path(tempfile.mkdtemp(prefix=".onnxport-", dir=out))
+        try:
+            return _run_stages(loaded, out, work, exporter=exporter, opset=opset, tolerance=tolerance,
+                               command=command, progress=progress, timings=timings, bench=bench, variants=variants,
+                               seq=seq, log_name=log_name, budget=budget)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def _check_seq(loaded: LoadedModel, seq: int | None) -> None:
@@ -103,8 +133,8 @@ def _check_seq(loaded: LoadedModel, seq: int | None) -> None:
 
 def _run_stages(loaded: LoadedModel, out: Path, work: Path, *, exporter: str, opset: int | None,
                 tolerance: Tolerance, command: str | None, progress: Progress, timings: dict,
-                bench: dict | None = None, variants: str | Sequence[str] | None = None, seq: int | None = None
-                ) -> dict:
+                bench: dict | None = None, variants: str | Sequence[str] | None = None, seq: int | None = None,
+                log_name: str | None = None, budget: float | None = None) -> dict:
     diags: list[Diagnostic] = list(loaded.diagnostics) + diagnose.static_traps(loaded)
     functions.discover_loaded(loaded)  # autograd.Functions with symbolic(): reported, and exported as their ops
     progress(f"exporting ({exporter})")
@@ -116,7 +146,7 @@ def _run_stages(loaded: LoadedModel, out: Path, work: Path, *, exporter: str, op
         diags.extend(diagnose.enrich(list(e.diagnostics), loaded, ()))
         diags.extend(diagnose.explain_attempts(e.attempts, loaded, failed=True))
         diags.append(error("export-failed", e.message, hint=e.hint))
-        return _write(Outcome(loaded, command, tuple(diags), dict(timings), attempts=e.attempts), out)
+        return _write(Outcome(loaded, command, tuple(diags), dict(timings), attempts=e.attempts, log=log_name), out)
     timings["export"] = time.perf_counter() - t
     explained = diagnose.explain_attempts(result.attempts, loaded, failed=False)
     kept = next((a for a in result.attempts if a.ok and a.exporter == result.exporter and not a.frozen), None)
@@ -126,7 +156,8 @@ def _run_stages(loaded: LoadedModel, out: Path, work: Path, *, exporter: str, op
     diags.extend(result.diagnostics)
     diags.extend(diagnose.lost_control_flow(result, loaded))
     return _prove(loaded, result, out, diags, tolerance=tolerance, command=command, progress=progress,
-                  timings=timings, move_to_out=True, bench=bench, variants=variants, seq=seq)
+                  timings=timings, move_to_out=True, bench=bench, variants=variants, seq=seq, log_name=log_name,
+                  budget=budget)
 
 
 def _write(outcome: Outcome, out: Path) -> dict:
@@ -139,12 +170,12 @@ def _write(outcome: Outcome, out: Path) -> dict:
 def _prove(loaded: LoadedModel, result: ExportResult, out: Path, diags: list[Diagnostic], *, tolerance: Tolerance,
            command: str | None, progress: Progress, timings: dict, move_to_out: bool, bench: dict | None = None,
            extra_files: Sequence[str | Path] = (), variants: str | Sequence[str] | None = None,
-           seq: int | None = None) -> dict:
+           seq: int | None = None, log_name: str | None = None, budget: float | None = None) -> dict:
     """check + parity (+ localization on failure) of ``result.path``, then the variants and the benchmark;
     the report is written after each."""
     outcome = _check_and_compare(loaded, result, diags, tolerance=tolerance, command=command, progress=progress,
                                  timings=timings)
-    loaded = outcome.loaded
+    loaded, outcome = outcome.loaded, outcome.but(log=log_name)
     ok = status_of(result, outcome.check, outcome.parity, outcome.diagnostics) == "ok"
     if move_to_out:
         final = out / ("model.onnx" if ok else "model.unverified.onnx")
@@ -157,7 +188,7 @@ def _prove(loaded: LoadedModel, result: ExportResult, out: Path, diags: list[Dia
         progress("building and proving the optimized variants")
         t = time.perf_counter()
         opt = optimize.variants(loaded, model_file, out, names=variants, tolerance=tolerance, progress=progress,
-                                bench_seq=seq)
+                                bench_seq=seq, budget_s=budget, device=runtime.config().device)
         outcome = outcome.but(optimized=opt, stage_seconds={**outcome.stage_seconds,
                                                             "optimize": time.perf_counter() - t})
         rep = _write(outcome, out)
@@ -248,31 +279,28 @@ def compare_file(source: str, onnx_path: str | Path, out: str | Path, *, inputs=
                  trust_remote_code: bool = False, command: str | None = None, progress: Progress = noop,
                  bench: dict | None = None, extra_files: Sequence[str | Path] = (),
                  variants: str | Sequence[str] | None = None, seq: int | None = None,
-                 custom_op_libraries: Sequence[str | Path] = (), device: str = "cpu") -> dict:
+                 custom_op_libraries: Sequence[str | Path] = (), device: str = "cpu",
+                 log_name: str | None = None, budget: float | None = None) -> dict:
     """Prove any ONNX file (exported by onnxport or not) against the PyTorch model; localize a divergence."""
     use_runtime(custom_op_libraries, device)
     onnx_path = Path(onnx_path)
-    if not onnx_path.is_file():
-        raise UsageError(f"ONNX file not found: {onnx_path}", "check the path")
+    model = read_graph(onnx_path)  # a missing or broken file fails here, before the (slow) load
+    for extra in extra_files:
+        read_graph(extra)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     progress(f"loading {source}")
-    if Path(out).exists() and not force:
-        prepare_out(out, force=False)
-    loaded = load_model(source, inputs=inputs, dims=dims, model_args=model_args, weights=weights, task=task,
-                        trust_remote_code=trust_remote_code)
-    timings["load"] = time.perf_counter() - t0
-    _check_seq(loaded, seq)
-    out = prepare_out(out, force)
-    if onnx_path.resolve().parent == out.resolve() and onnx_path.name in RESULT_FILES:
-        raise UsageError("the ONNX file lies in --out, where results are written", "choose another --out")
-    model = onnx.load(str(onnx_path), load_external_data=False)
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    result = ExportResult(onnx_path, "external", int(opset), 0.0, (), bool(external_data_files(onnx_path)))
-    diags = list(loaded.diagnostics) + diagnose.static_traps(loaded)
-    for extra in extra_files:
-        if not Path(extra).is_file():
-            raise UsageError(f"ONNX file not found: {extra}", "check the path")
-    return _prove(loaded, result, out, diags, tolerance=tolerance, command=command, progress=progress,
-                  timings=timings, move_to_out=False, bench=bench, extra_files=extra_files, variants=variants,
-                  seq=seq)
+    with output_folder(out, force) as out:
+        loaded = load_model(source, inputs=inputs, dims=dims, model_args=model_args, weights=weights, task=task,
+                            trust_remote_code=trust_remote_code)
+        timings["load"] = time.perf_counter() - t0
+        _check_seq(loaded, seq)
+        out = prepare_out(out, force)
+        if onnx_path.resolve().parent == out.resolve() and onnx_path.name in RESULT_FILES:
+            raise UsageError("the ONNX file lies in --out, where results are written", "choose another --out")
+        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        result = ExportResult(onnx_path, "external", int(opset), 0.0, (), bool(external_data_files(onnx_path)))
+        diags = list(loaded.diagnostics) + diagnose.static_traps(loaded)
+        return _prove(loaded, result, out, diags, tolerance=tolerance, command=command, progress=progress,
+                      timings=timings, move_to_out=False, bench=bench, extra_files=extra_files, variants=variants,
+                      seq=seq, log_name=log_name, budget=budget)

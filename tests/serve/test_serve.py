@@ -116,7 +116,7 @@ def mlp_out(tmp_path_factory) -> Path:
     """TinyMLP exported by onnxport: OUT/model.onnx with x:float32[batch,8] -> output:float32[batch,3]."""
     from onnxport import api
 
-    out = tmp_path_factory.mktemp("serve") / "mlp"
+    out = tmp_path_factory.mktemp("serve") / "TinyMLP"  # served under the folder's name
     rep = api.export(f"{MODELS}:TinyMLP", out, inputs=["x:float32[batch,8]"], exporter="torchscript")
     assert rep["status"] == "ok", rep.get("summary")
     return out
@@ -396,12 +396,13 @@ def test_tuned_session_options_come_from_report_json(tmp_path, mlp_out):
                                      "enable_mem_pattern": False, "enable_cpu_mem_arena": True}}
     (out / "report.json").write_text(json.dumps(report))
     (source,) = discover(out)
-    assert source.name == "TinyMLP"
+    assert source.name == "tuned"  # named after the folder, whatever the model's class
+    assert discover(out, "renamed")[0].name == "renamed"
     assert source.session_options == {"threads": 1, "inter_op_threads": 1, "execution_mode": "sequential",
                                       "opt_level": "basic", "enable_mem_pattern": False,
                                       "enable_cpu_mem_arena": True}
     app = serve_app(out)
-    session = app.state.models["TinyMLP"].session
+    session = app.state.models["tuned"].session
     assert session.get_session_options().intra_op_num_threads == 1
     assert session.get_session_options().enable_mem_pattern is False
     report["benchmark"]["tuned"]["execution_mode"] = "sideways"

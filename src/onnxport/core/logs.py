@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 
 @contextlib.contextmanager
@@ -59,3 +61,56 @@ Progress = Callable[[str], None]
 def noop(_: str) -> None:
     """The progress callback that shows nothing."""
     return None
+
+
+class LibraryLog:
+    """While active, everything written to file descriptors 1 and 2 — the libraries' prints, C++ logs,
+    Python warnings and logging — goes to a log file; onnxport's own lines go to :attr:`terminal` (the
+    original stderr) and machine output to :attr:`stdout` (the original stdout).
+
+    The log starts in a temporary file; :meth:`keep` moves it where it belongs (``OUT/onnxport.log``),
+    :meth:`discard` deletes it."""
+
+    def __init__(self) -> None:
+        fd, name = tempfile.mkstemp(prefix="onnxport-", suffix=".log")
+        os.close(fd)
+        self.path = Path(name)
+        self._saved: dict[int, int] = {}
+        self.terminal = sys.stderr
+        self.stdout = sys.stdout
+
+    def __enter__(self) -> LibraryLog:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._saved = {fd: os.dup(fd) for fd in (1, 2)}
+        self.stdout = os.fdopen(os.dup(self._saved[1]), "w", buffering=1, encoding="utf-8")
+        self.terminal = os.fdopen(os.dup(self._saved[2]), "w", buffering=1, encoding="utf-8")
+        with open(self.path, "ab", buffering=0) as log:
+            for fd in (1, 2):
+                os.dup2(log.fileno(), fd)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, dup in self._saved.items():
+            os.dup2(dup, fd)
+            os.close(dup)
+        self._saved = {}
+        for stream in (self.stdout, self.terminal):
+            stream.flush()
+            stream.close()
+        self.stdout, self.terminal = sys.stdout, sys.stderr
+
+    def keep(self, dest: Path) -> Path | None:
+        """Move the log to ``dest`` (None when it cannot be written there: the log is then discarded)."""
+        try:
+            shutil.move(str(self.path), str(dest))
+            return Path(dest)
+        except OSError:
+            self.discard()
+            return None
+
+    def discard(self) -> None:
+        """Delete the log."""
+        self.path.unlink(missing_ok=True)

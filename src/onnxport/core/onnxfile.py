@@ -19,6 +19,19 @@ def external_threshold() -> int:
     return int(os.environ.get("ONNXPORT_EXTERNAL_DATA_THRESHOLD", EXTERNAL_DATA_THRESHOLD))
 
 
+def read_graph(path: str | Path) -> onnx.ModelProto:
+    """The ONNX model at ``path`` without its external weights; a file that is missing or is no ONNX model is
+    a UsageError naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"ONNX file not found: {path}", "check the path")
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - protobuf raises DecodeError, RuntimeWarning or ValueError
+        raise UsageError(f"{path} is not an ONNX model ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else 'unreadable'})",
+                         "pass a .onnx file written by an ONNX exporter") from None
+
+
 SAFE_INLINE_BYTES = 1_500_000_000  # protobuf's 2 GiB limit, less room for the graph a rewrite may add
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from onnxport import environment
 from onnxport.bench import bench_sizes, sizes_at, stats, timed_blocks
 from onnxport.core.errors import UsageError
 from onnxport.core.logs import Progress, noop
@@ -29,9 +30,10 @@ from onnxport.optimize.context import (
 )
 from onnxport.optimize.fusion import build_fused, transformer_params
 from onnxport.optimize.graph import build_ort, build_slim, file_facts, relative, replace_model, short_error
+from onnxport.optimize.plan import Plan, default_plan
 from onnxport.optimize.policy import prove
 from onnxport.optimize.precision import build_fp16
-from onnxport.optimize.result import BASELINE, OptimizeResult, Variant, parse_names
+from onnxport.optimize.result import AUTO, BASELINE, VARIANTS, OptimizeResult, Variant, parse_names
 from onnxport.optimize.sensitivity import build_int8_searched
 from onnxport.runtime.backends import OrtBackend, default_threads
 from onnxport.runtime.feeds import FeedMap
@@ -238,33 +240,35 @@ def _variant(name: str, src: Path, dst: Path, out: Path, ctx: BuildContext, buil
 # --------------------------------------------------------------------------- entry point
 
 
-def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path, *, names: Sequence[str] | None = None,
-             tolerance: Tolerance = FP32, cases: list[Case] | None = None, progress: Progress | None = None,
-             bench_batches: Sequence[int] = (1, 8), bench_seq: int | None = None,
-             bench_seconds: float = 1.5) -> OptimizeResult:
+def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path, *,
+             names: Sequence[str] | str | None = None, tolerance: Tolerance = FP32, cases: list[Case] | None = None,
+             progress: Progress | None = None, bench_batches: Sequence[int] = (1, 8), bench_seq: int | None = None,
+             bench_seconds: float = 1.5, budget_s: float | None = None, device: str = "cpu") -> OptimizeResult:
     """Build the ``names`` variants of ``model_path`` under OUT/variants/, prove each against PyTorch, time
     them interleaved with the plain export, and copy the fastest passing one (or the export) to OUT/best.onnx.
 
+    ``names``: a list, "all" (None) or "auto": the variants that can win for this model on ``device``
+    (:func:`~onnxport.optimize.plan.default_plan`; the others are listed as skipped, with the reason).
+    ``budget_s``: no variant is started after that many seconds (the int8 search stops at the budget too).
     The winner is the fastest at batch 1 and, for token inputs, sequence length ``bench_seq`` (default: the
     export size): int8 and fusions pay off differently at 16 and at 128 tokens, so time at your traffic's length.
     """
     say = progress or noop
+    t_start = time.perf_counter()
     wanted = parse_names(names)
+    plan = (default_plan(loaded, device, environment.cpu()["flags"]) if wanted == AUTO
+            else Plan(tuple(wanted)))
     model_path, out = Path(model_path), Path(out_dir)
     if not model_path.is_file():
         raise UsageError(f"ONNX file not found: {model_path}", "pass the model.onnx that onnxport export wrote")
     vdir = out / "variants"
     vdir.mkdir(parents=True, exist_ok=True)
     refs = reference_outputs(loaded, cases if cases is not None else validation_cases(loaded.dims))
-    ctx = BuildContext(loaded, tolerance, refs, transformer_params(loaded), say)
+    deadline = None if budget_s is None else t_start + budget_s
+    ctx = BuildContext(loaded, tolerance, refs, transformer_params(loaded), say, deadline=deadline)
     threads = default_threads()
     entries = [_baseline(model_path, out, ctx)]
-    built: dict[str, Path] = {}
-    for name in wanted:
-        entry = _variant(name, model_path, vdir / f"{name}.onnx", out, ctx, built)
-        entries.append(entry)
-        if entry.path:
-            built[name] = vdir / f"{name}.onnx"
+    entries += _build_all(plan, model_path, vdir, out, ctx, t_start)
 
     say("timing the variants against the plain export")
     timing = _Timing(loaded, bench_batches, bench_seq, bench_seconds, threads)
@@ -275,3 +279,32 @@ def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path, *
         best_path = out / "best.onnx"
         replace_model(timed[best.name], best_path)
     return OptimizeResult(tuple(final), best, best_path, threads, timed_at=sizes_at(loaded, bench_seq))
+
+
+def _build_all(plan: Plan, model_path: Path, vdir: Path, out: Path, ctx: BuildContext,
+               t_start: float) -> list[Variant]:
+    """Every variant in :data:`VARIANTS` order: built and proven when the plan says so and the budget allows,
+    else listed as skipped with the reason. The progress line says which, and about how long is left."""
+    entries: list[Variant] = []
+    built: dict[str, Path] = {}
+    todo = [n for n in VARIANTS if n in plan.build] + [n for n in plan.build if n not in VARIANTS]
+    spent: list[float] = []
+    for name in [n for n in VARIANTS if n in plan.build or n in plan.skipped]:
+        if name in plan.skipped:
+            entries.append(Variant(name, None, False, reason=plan.skipped[name], skipped=plan.skipped[name]))
+            continue
+        if ctx.deadline is not None and time.perf_counter() > ctx.deadline:
+            why = f"not built: the --budget of {ctx.deadline - t_start:.0f} s was spent"
+            entries.append(Variant(name, None, False, reason=why, skipped=why))
+            continue
+        left = len(todo) - len(spent)
+        eta = f", about {sum(spent) / len(spent) * left:.0f} s left" if spent else ""
+        prefix = f"[{len(spent) + 1}/{len(todo)}{eta}] "
+        step = replace(ctx, progress=lambda message, prefix=prefix: ctx.progress(prefix + message))
+        t0 = time.perf_counter()
+        entry = _variant(name, model_path, vdir / f"{name}.onnx", out, step, built)
+        spent.append(time.perf_counter() - t0)
+        entries.append(entry)
+        if entry.path:
+            built[name] = vdir / f"{name}.onnx"
+    return entries

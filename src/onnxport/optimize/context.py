@@ -59,6 +59,7 @@ class BuildContext:
     refs: Refs | None = None
     transformer: dict | None = None  # num_heads / hidden_size / model_type / found_in, see transformer_params
     progress: Progress = noop
+    deadline: float | None = None  # time.perf_counter() after which no search goes on (--budget)
 
 
 @dataclass(frozen=True)

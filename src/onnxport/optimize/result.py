@@ -19,19 +19,26 @@ TOP1_MIN = 0.95
 ORT_LEVEL = "extended"  # basic/extended graphs are portable; ORT_ENABLE_ALL layouts are hardware-specific
 
 
-def parse_names(names: Sequence[str] | str | None) -> list[str]:
-    """The variant names asked for (a list or a comma-separated string; None: all), deduplicated in order.
+AUTO = "auto"  # the variants that can win for the model on the device (optimize/plan.py)
+
+
+def parse_names(names: Sequence[str] | str | None) -> list[str] | str:
+    """The variant names asked for (a list or a comma-separated string; None or "all": every one),
+    deduplicated in order; "auto": :data:`AUTO`, the plan decides.
 
     Raises UsageError for a name not in :data:`VARIANTS`.
     """
-    if names is None:
+    if names is None or names == "all" or names == ["all"]:
         return list(VARIANTS)
+    if names == AUTO or names == [AUTO]:
+        return AUTO
     if isinstance(names, str):
         names = list(names.split(","))
     out = [n.strip() for n in names if n.strip()]
     unknown = [n for n in out if n not in VARIANTS]
     if unknown:
-        raise UsageError(f"unknown variant(s): {', '.join(unknown)}", f"choose from {', '.join(VARIANTS)}")
+        raise UsageError(f"unknown variant(s): {', '.join(unknown)}",
+                         f"choose from {', '.join(VARIANTS)}, or 'all', or 'auto'")
     return list(dict.fromkeys(out))
 
 

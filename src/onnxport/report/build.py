@@ -48,6 +48,7 @@ class Outcome:
     optimized: OptimizeResult | None = None
     stage_seconds: Mapping[str, float] = field(default_factory=dict)  # optimize / bench, rounded in the report
     benchmark: BenchResult | None = None
+    log: str | None = None  # the file beside report.json holding what the libraries printed (the CLI writes it)
 
     def but(self, **changes: Any) -> Outcome:
         """A copy with ``changes`` (the next checkpoint)."""
@@ -118,6 +119,8 @@ def build_report(o: Outcome) -> dict:
         best = o.optimized.best
         rep["best"] = None if best is None else {"name": best.name, "path": "best.onnx", "speedup": best.speedup,
                                                  "timed_at": o.optimized.timed_at}
+    if o.log:
+        rep["log"] = o.log
     rep["summary"] = summary_sentence(rep)
     return rep
 

@@ -37,25 +37,27 @@ def _require(package: str) -> None:
 
 
 def serve_app(path: str | Path, *, max_batch: int | None = None, max_delay_ms: float | None = None,
-              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, name: str | None = None) -> FastAPI:
     """Build the OIP v2 app for PATH, loading every model now (a model that fails to load raises UsageError).
 
     ``max_batch``: largest batch per ONNX Runtime run and per request (None: the repository config, else
     32; 1 turns batching off). ``max_delay_ms``: how long the first queued request waits for others
-    (None: the repository config, else 2 ms). ``max_body_bytes``: larger request bodies get 413.
+    (None: the repository config, else 2 ms). ``max_body_bytes``: larger request bodies get 413. ``name``:
+    the served name of the one model of a folder or file (default: the folder's or file's name).
     """
     for package in ("fastapi", "uvicorn", "prometheus_client"):
         _require(package)
     from onnxport.serve.app import serve_app as _serve_app
 
-    return _serve_app(path, max_batch=max_batch, max_delay_ms=max_delay_ms, max_body_bytes=max_body_bytes)
+    return _serve_app(path, max_batch=max_batch, max_delay_ms=max_delay_ms, max_body_bytes=max_body_bytes,
+                      name=name)
 
 
 def run(path: str | Path, host: str = "127.0.0.1", port: int = 8000, *, max_batch: int | None = None,
         max_delay_ms: float | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        graceful_timeout_s: float = 30.0, log_level: str = "info") -> None:
+        graceful_timeout_s: float = 30.0, log_level: str = "info", name: str | None = None) -> None:
     """Serve PATH with uvicorn until SIGINT/SIGTERM; in-flight requests finish (up to ``graceful_timeout_s``)."""
-    app = serve_app(path, max_batch=max_batch, max_delay_ms=max_delay_ms, max_body_bytes=max_body_bytes)
+    app = serve_app(path, max_batch=max_batch, max_delay_ms=max_delay_ms, max_body_bytes=max_body_bytes, name=name)
     import uvicorn
 
     sock = listen(host, port)

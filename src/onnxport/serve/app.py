@@ -319,10 +319,11 @@ def _stats(m: ServedModel) -> dict:
 
 
 def serve_app(path: str | Path, *, max_batch: int | None = None, max_delay_ms: float | None = None,
-              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
-    """An OIP v2 app serving PATH (output folder, .onnx file or Triton repository); loads every model now."""
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, name: str | None = None) -> FastAPI:
+    """An OIP v2 app serving PATH (output folder, .onnx file or Triton repository); loads every model now.
+    ``name`` renames the one model of a folder or file."""
     if max_body_bytes <= 0:
         raise UsageError(f"max_body_bytes must be positive, got {max_body_bytes}", "pass a size in bytes")
     metrics = _Metrics()
-    models = [_load(source, max_batch, max_delay_ms, metrics) for source in discover(path)]
+    models = [_load(source, max_batch, max_delay_ms, metrics) for source in discover(path, name)]
     return build_app(models, metrics, max_body_bytes=max_body_bytes)

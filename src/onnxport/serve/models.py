@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
@@ -123,16 +124,13 @@ def session_options_from_tuned(tuned: Any) -> dict:
 
 def _from_output_folder(out: Path) -> ModelSource:
     onnx_path = out / "best.onnx" if (out / "best.onnx").is_file() else out / "model.onnx"
-    name, options = out.resolve().name, {}
+    name, options = out.resolve().name, {}  # named after the folder: `serve demo-out/minilm` serves "minilm"
     report_path = out / "report.json"
     if report_path.is_file():
         try:
             report = json.loads(report_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
             raise UsageError(f"{report_path} is not valid JSON: {e}", "re-run onnxport export/convert") from None
-        model = report.get("model") if isinstance(report, dict) else None
-        if isinstance(model, dict) and isinstance(model.get("name"), str) and model["name"]:
-            name = model["name"]
         bench = report.get("benchmark") if isinstance(report, dict) else None
         if isinstance(bench, dict):
             options = session_options_from_tuned(bench.get("tuned"))
@@ -178,9 +176,23 @@ def _from_repository_entry(entry: Path) -> ModelSource | None:
                        session_options=options)
 
 
-def discover(path: str | Path) -> list[ModelSource]:
-    """The models under PATH: an onnxport output folder, a single .onnx file or a Triton-style repository."""
-    path = Path(path)
+def discover(path: str | Path, name: str | None = None) -> list[ModelSource]:
+    """The models under PATH: an onnxport output folder (the model is named after the folder), a single
+    .onnx file (named after the file) or a Triton-style repository (named after its entries). ``name``
+    renames the one model of a folder or file."""
+    sources = _discover(Path(path))
+    if name is None:
+        return sources
+    if len(sources) != 1:
+        raise UsageError(f"--name renames one model, and {path} holds {len(sources)}",
+                         "leave --name out for a repository (its folders name the models)")
+    clean = _model_name(name)
+    if clean != name:
+        raise UsageError(f"--name {name!r} is not a valid model name", "use letters, digits, '_', '-' and '.'")
+    return [dataclasses.replace(sources[0], name=clean)]
+
+
+def _discover(path: Path) -> list[ModelSource]:
     if path.is_file():
         if path.suffix != ".onnx":
             raise UsageError(f"{path} is not an .onnx file",

@@ -82,6 +82,10 @@ def _import_file(path_text: str):
     except ImportError as e:
         sys.modules.pop(name, None)
         raise SourceError(f"{path} fails to import: {e}", "install the missing package or fix the import") from None
+    except SystemExit as e:
+        sys.modules.pop(name, None)
+        raise SourceError(f"{path} calls exit({e.code!r}) while it is imported",
+                          "put the script part of the file under `if __name__ == \"__main__\":`") from None
     except Exception as e:  # noqa: BLE001
         sys.modules.pop(name, None)
         where = traceback.extract_tb(e.__traceback__)[-1]

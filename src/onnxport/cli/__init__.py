@@ -11,12 +11,18 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from rich.text import Text
 
-from onnxport.core.errors import EXIT_EXPORT_FAILED, EXIT_OK, EXIT_VALIDATION_FAILED, OnnxportError
+from onnxport.cli.render import err, print_report, print_summary
+from onnxport.core.errors import (
+    EXIT_EXPORT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    EXIT_VALIDATION_FAILED,
+    OnnxportError,
+)
+from onnxport.core.logs import LibraryLog
 
 EXIT_INTERNAL = 70
 STATUS_EXIT = {"ok": EXIT_OK, "validation_failed": EXIT_VALIDATION_FAILED, "export_failed": EXIT_EXPORT_FAILED}
@@ -25,8 +31,7 @@ app = typer.Typer(
     name="onnxport", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
     help="PyTorch to ONNX: export, prove against PyTorch on a matrix of shapes, explain every failure.",
 )
-err = Console(stderr=True, soft_wrap=True, highlight=False, markup=False,
-              width=None if sys.stderr.isatty() else 120)
+LOG_NAME = "onnxport.log"  # what the libraries printed during a run, beside report.json
 
 
 def _command_line() -> str:
@@ -78,6 +83,8 @@ RtolOpt = Annotated[float, typer.Option("--rtol", help="relative tolerance (fp32
 TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="allow a Hugging Face model's own code")]
 LibOpt = Annotated[list[Path] | None, typer.Option(
     "--custom-op-library", help="compiled ONNX Runtime custom-op library (.so) loaded into every session; repeatable")]
+BudgetOpt = Annotated[float | None, typer.Option(
+    "--budget", min=1, help="seconds for building and proving variants: none is started after that")]
 SeqOpt = Annotated[int | None, typer.Option(
     "--seq", min=1, help="sequence length of your traffic: variants are timed and the best chosen there "
                          "(default: the export size)")]
@@ -89,11 +96,24 @@ def _check_device(device: str) -> None:
     check_device(device)  # exit 4 with what to install when cuda cannot be used here
 
 
-def _finish(rep: dict, out: Path, as_json: bool) -> None:
-    """Print the report (JSON on stdout when asked, the summary on stderr) and exit with its status code."""
-    if as_json:
-        print(json.dumps(rep, indent=2, default=str))
-    print_report(rep, out)
+def _quietly(label: str, call, out: Path, as_json: bool) -> None:
+    """Run ``call(progress)`` with what the libraries print sent to OUT/onnxport.log (the terminal shows
+    onnxport's own lines only), then print the report and exit with its status."""
+    log = LibraryLog()
+    terminal = err.file
+    try:
+        with log:
+            err.file = log.terminal
+            with err.status(label) as status:
+                rep = call(lambda msg: status.update(msg))
+            if as_json:
+                print(json.dumps(rep, indent=2, default=str), file=log.stdout, flush=True)
+            print_report(rep, out)
+    finally:
+        err.file = terminal
+        if (out / "report.json").is_file() and "rep" in locals():
+            log.keep(out / LOG_NAME)
+        log.discard()
     raise typer.Exit(STATUS_EXIT[rep["status"]])
 
 
@@ -104,12 +124,11 @@ def _run(which: str, source: str, out: Path, inputs, dims, model_args, weights, 
 
     _check_device(device)
     fn = {"convert": api.convert, "export": api.export, "bench": api.benchmark, "optimize": api.optimize_file}[which]
-    with err.status(f"{which} {source}") as status:
-        rep = fn(source, out, inputs=inputs, dims=dims, model_args=model_args, weights=weights, task=task,
-                 exporter=exporter, opset=opset, tolerance=Tolerance(atol, rtol), force=force,
-                 trust_remote_code=trust_remote_code, command=_command_line(),
-                 progress=lambda msg: status.update(msg), device=device, **extra)
-    _finish(rep, out, as_json)
+    _quietly(f"{which} {source}", lambda progress: fn(
+        source, out, inputs=inputs, dims=dims, model_args=model_args, weights=weights, task=task,
+        exporter=exporter, opset=opset, tolerance=Tolerance(atol, rtol), force=force,
+        trust_remote_code=trust_remote_code, command=_command_line(), progress=progress, device=device,
+        log_name=LOG_NAME, **extra), out, as_json)
 
 
 @app.command()
@@ -122,13 +141,15 @@ def convert(source: Annotated[str, typer.Argument(help="model source, e.g. model
             trust_remote_code: TrustOpt = False,
             no_bench: Annotated[bool, typer.Option("--no-bench", help="skip the short benchmark")] = False,
             variants: Annotated[str | None, typer.Option(
-                "--variants", help="optimized variants to build and re-prove (default: all), e.g. slim,ort,int8")] = None,
+                "--variants", help="optimized variants to build and re-prove: auto (default: those that can win for "
+                                   "this model on this device), all, or a list such as slim,ort,int8")] = None,
+            budget: BudgetOpt = None,
             no_optimize: Annotated[bool, typer.Option("--no-optimize", help="skip the optimized variants")] = False,
             seq: SeqOpt = None, custom_op_library: LibOpt = None) -> None:
     """The whole pipeline: export, check, prove, optimize, benchmark; writes OUT/."""
     _run("convert", source, out, input, dim, model_args, weights, task, exporter, opset, device, json_out, force,
          atol, rtol, trust_remote_code, bench={} if no_bench else None, variants=variants, optimize=not no_optimize,
-         seq=seq, custom_op_libraries=custom_op_library or [])
+         seq=seq, custom_op_libraries=custom_op_library or [], budget=budget)
 
 
 @app.command()
@@ -137,20 +158,20 @@ def optimize(source: Annotated[str, typer.Argument(help="model source, e.g. torc
              model: Annotated[Path, typer.Argument(help="the ONNX export to optimize")],
              out: OutOpt = Path("onnxport-out"), input: InputOpt = None, dim: DimOpt = None,
              model_args: ArgsOpt = None, weights: WeightsOpt = None, task: TaskOpt = None,
-             variants: Annotated[str | None, typer.Option("--variants", help="e.g. slim,ort,fused,fp16,int8")] = None,
+             variants: Annotated[str | None, typer.Option(
+                 "--variants", help="all (default), auto, or a list such as slim,ort,fused,fp16,int8")] = None,
+             budget: BudgetOpt = None,
              json_out: JsonOpt = False, force: ForceOpt = False, atol: AtolOpt = 1e-4, rtol: RtolOpt = 1e-3,
              trust_remote_code: TrustOpt = False, seq: SeqOpt = None, custom_op_library: LibOpt = None) -> None:
     """Build optimized variants (onnxslim, ORT offline, fusions, fp16, int8), re-prove each against PyTorch."""
     from onnxport import api
     from onnxport.core.records import Tolerance
 
-    with err.status(f"optimize {model}") as status:
-        rep = api.optimize_file(source, model, out, inputs=input, dims=dim, model_args=model_args, weights=weights,
-                                task=task, variants=variants, tolerance=Tolerance(atol, rtol), force=force,
-                                trust_remote_code=trust_remote_code, command=_command_line(),
-                                progress=lambda msg: status.update(msg), seq=seq,
-                                custom_op_libraries=custom_op_library or [])
-    _finish(rep, out, json_out)
+    _quietly(f"optimize {model}", lambda progress: api.optimize_file(
+        source, model, out, inputs=input, dims=dim, model_args=model_args, weights=weights, task=task,
+        variants=variants, tolerance=Tolerance(atol, rtol), force=force, trust_remote_code=trust_remote_code,
+        command=_command_line(), progress=progress, seq=seq, custom_op_libraries=custom_op_library or [],
+        log_name=LOG_NAME, budget=budget), out, json_out)
 
 
 @app.command()
@@ -215,13 +236,11 @@ def compare(source: Annotated[str, typer.Argument(help="model source, e.g. model
     from onnxport.core.records import Tolerance
 
     _check_device(device)
-    with err.status(f"compare {source} {model}") as status:
-        rep = api.compare_file(source, model, out, inputs=input, dims=dim, model_args=model_args, weights=weights,
-                               task=task, tolerance=Tolerance(atol, rtol), force=force,
-                               trust_remote_code=trust_remote_code, command=_command_line(),
-                               progress=lambda msg: status.update(msg),
-                               custom_op_libraries=custom_op_library or [], device=device)
-    _finish(rep, out, json_out)
+    _quietly(f"compare {source} {model}", lambda progress: api.compare_file(
+        source, model, out, inputs=input, dims=dim, model_args=model_args, weights=weights, task=task,
+        tolerance=Tolerance(atol, rtol), force=force, trust_remote_code=trust_remote_code,
+        command=_command_line(), progress=progress, custom_op_libraries=custom_op_library or [], device=device,
+        log_name=LOG_NAME), out, json_out)
 
 
 @app.command()
@@ -235,7 +254,7 @@ def check(model: Annotated[Path, typer.Argument(help="an .onnx file")], json_out
         print(json.dumps(res.to_dict(), indent=2, default=str))
     verdict = "[green]✔ valid[/]" if res.ok else f"[red]✘ invalid[/]: {escape(str(res.checker_error))}"
     err.print(f"{verdict}  {escape(str(model))}", markup=True)
-    _print_summary(res.to_dict())
+    print_summary(res.to_dict())
     for d in res.diagnostics:
         err.print(f"  [yellow]{d.severity}[/] {d.code}: {escape(d.message)}", markup=True)
     raise typer.Exit(EXIT_OK if res.ok else EXIT_VALIDATION_FAILED)
@@ -245,10 +264,12 @@ def check(model: Annotated[Path, typer.Argument(help="an .onnx file")], json_out
 @_guard
 def serve(path: Annotated[Path, typer.Argument(help="an output folder, a .onnx file, or a Triton-style repository")],
           host: Annotated[str, typer.Option("--host", help="address to bind (default: loopback only)")] = "127.0.0.1",
-          port: Annotated[int, typer.Option("--port", help="TCP port")] = 8000,
+          port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port")] = 8000,
           max_batch: Annotated[int | None, typer.Option("--max-batch", help="rows per batched run (1: off)")] = None,
           max_delay_ms: Annotated[float | None, typer.Option("--max-delay-ms", help="longest wait to fill a batch")] = None,
           max_body_mb: Annotated[float, typer.Option("--max-body-mb", help="largest request body")] = 64.0,
+          name: Annotated[str | None, typer.Option(
+              "--name", help="the served model's name (default: the output folder's or file's name)")] = None,
           custom_op_library: LibOpt = None,
           custom_op_python: Annotated[list[Path] | None, typer.Option(
               "--custom-op-python", help="Python file registering ort_python_op implementations; repeatable")] = None,
@@ -261,11 +282,14 @@ def serve(path: Annotated[Path, typer.Argument(help="an output folder, a .onnx f
     api.use_runtime(custom_op_library or [], device)
     for file in custom_op_python or []:
         ops.import_implementations(file)
-    discover(path)  # a bad PATH fails here, in one line, before anything starts
-    err.print(f"serving {path} on http://{host}:{port}/v2 (Ctrl-C stops after in-flight requests finish)")
+    models = discover(path, name)  # a bad PATH fails here, in one line, before anything starts
+    base = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    err.print(f"serving {path} on {base}/v2 (Ctrl-C stops after in-flight requests finish)")
+    for m in models:
+        err.print(f"  model {m.name!r} ({m.onnx_path.name}): POST {base}/v2/models/{m.name}/infer")
     try:
         run(path, host=host, port=port, max_batch=max_batch, max_delay_ms=max_delay_ms,
-            max_body_bytes=int(max_body_mb * 1024 * 1024))
+            max_body_bytes=int(max_body_mb * 1024 * 1024), name=name)
     except KeyboardInterrupt:
         raise typer.Exit(0) from None
 
@@ -294,7 +318,7 @@ def triton(out: Annotated[Path, typer.Argument(help="an output folder (or a .onn
 @app.command()
 @_guard
 def view(model: Annotated[Path, typer.Argument(help="an .onnx file")],
-         port: Annotated[int, typer.Option("--port", help="TCP port")] = 8080) -> None:
+         port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port")] = 8080) -> None:
     """Open the model in Netron (needs the optional extra: pip install 'onnxport[view]')."""
     from onnxport.core.errors import UsageError, missing_dependency
 
@@ -358,136 +382,31 @@ def doctor(json_out: JsonOpt = False) -> None:
 # --------------------------------------------------------------------------- printing
 
 
-def _shape(shape) -> str:
-    if shape is None:
-        return "?"
-    return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
 
 
-def _print_summary(c: dict) -> None:
-    err.print(f"  graph     IR {c['ir_version']} · opset {c['opset']} · {c['nodes']} nodes · "
-              f"{c['initializers']} initializers · {c['parameters']:,} parameters · {c['bytes'] / 1e6:.1f} MB")
-    top = ", ".join(f"{k}×{v}" for k, v in list(c["op_histogram"].items())[:8])
-    err.print(f"  ops       {top}")
-    for io in c["inputs"]:
-        err.print(f"  input     {io['name']} {io['dtype']}{_shape(io['shape'])}")
-    for io in c["outputs"]:
-        err.print(f"  output    {io['name']} {io['dtype']}{_shape(io['shape'])}")
 
 
-def print_report(rep: dict, out: Path) -> None:
-    """The terminal summary: verdict first, then the facts that support it."""
-    status = rep["status"]
-    style = {"ok": "bold green", "validation_failed": "bold red", "export_failed": "bold red"}[status]
-    mark = "✔" if status == "ok" else "✘"
-    err.print(f"[{style}]{mark} {status}[/]  {escape(rep['summary'])}", markup=True)
-    m = rep["model"]
-    err.print(f"  model     {m['name']} ({m['kind']}) · {m['parameters']:,} parameters")
-    exp = rep["export"]
-    def mark(a: dict) -> str:
-        if (a["error"] or "").startswith("not applicable"):
-            return f"{a['exporter']} –"
-        return f"{a['exporter']} {('✔ froze' if a.get('frozen') else '✔') if a['ok'] else '✘'} {a['seconds']:.1f}s"
-
-    tries = ", ".join(mark(a) for a in exp["attempts"])
-    err.print(f"  export    {exp['exporter'] or '-'} · opset {exp['opset'] or '-'} · attempts: {tries}")
-    for a in exp["attempts"]:
-        if a["error"] or a.get("frozen"):
-            err.print(f"            [dim]{a['exporter']}: {escape(a['error'] or a['frozen'])}[/]", markup=True)
-    if rep["check"]:
-        c = rep["check"]
-        err.print(f"  file      {out / exp['path'] if exp.get('path') else '-'}")
-        _print_summary(c)
-        by_symbol: dict[str, list[dict]] = {}
-        for d in c["dynamic_dims"]:
-            by_symbol.setdefault(d["symbol"], []).append(d)
-        for sym, ds in by_symbol.items():
-            proven = all(d["proven"] for d in ds)
-            ok = "[green]proven[/]" if proven else "[red]NOT proven[/]"
-            sizes = ",".join(map(str, ds[0].get("sizes_passed", [])))
-            where = escape(", ".join(f"{d['input']}[{d['axis']}]" for d in ds))
-            err.print(f"  dim       {escape(sym)} {ds[0]['min']}..{ds[0]['max']} ({where}) {ok} at sizes {sizes or '-'}",
-                      markup=True)
-    rt = rep.get("runtime")
-    if rt:
-        placed = ", ".join(f"{p} ({n} nodes)" for p, n in (rt.get("nodes_per_provider") or {}).items())
-        err.print(f"  runtime   {rt['device']} · {placed or ', '.join(rt['providers_used'])}")
-        if rt["cpu_fallback_nodes"]:
-            err.print(f"[yellow]  fallback  {len(rt['cpu_fallback_nodes'])} node(s) on the CPU: "
-                      f"{escape(', '.join(rt['cpu_fallback_nodes'][:8]))}[/]", markup=True)
-    val = rep.get("validation")
-    if val:
-        t = Table(title=f"validation (atol {val['tolerance']['atol']}, rtol {val['tolerance']['rtol']})")
-        for col in ("case", "sizes", "max abs err", "max rel err", "pass"):
-            t.add_column(col)
-        for c in val["cases"]:
-            sizes = c.get("sizes") or {}
-            shapes = (" ".join(f"{k}={v}" for k, v in sizes.items()) if sizes
-                      else " ".join(f"{k}{_shape(v)}" for k, v in c["shapes"].items()))
-            mark = "[green]✔[/]" if c["passed"] else f"[red]✘[/] {escape(c.get('error') or '')}"
-            fa = "-" if c["max_abs_err"] is None else f"{c['max_abs_err']:.2e}"
-            fr = "-" if c["max_rel_err"] is None else f"{c['max_rel_err']:.2e}"
-            t.add_row(c.get("label", ""), shapes, fa, fr, Text.from_markup(mark))
-        err.print(t)
-        for b in val.get("branches") or []:
-            seen = b.get("sides") or {f"{k} iterations": v for k, v in (b.get("trip_counts") or {}).items()}
-            what = "; ".join(f"{k} on '{v}'" for k, v in seen.items() if v)
-            ok = "[green]both sides[/]" if b["op"] == "If" else "[green]several trip counts[/]"
-            ok = ok if b["covered"] else "[yellow]partly[/]"
-            err.print(f"  {b['op']:<9} {escape(b['node'])} ({escape(b.get('module') or 'model')}) {ok}: {escape(what)}",
-                      markup=True)
-    if rep.get("variants"):
-        at = (rep.get("best") or {}).get("timed_at") or {}
-        where = ", ".join(f"{k} {v}" for k, v in at.items())
-        t = Table(title="variants (each re-proven against PyTorch" + (f"; timed at {where})" if where else ")"))
-        for col in ("variant", "nodes", "MB", "max abs err", "metric", "p50 ms b1", "speedup", "verdict"):
-            t.add_column(col)
-        for v in rep["variants"]:
-            m = v.get("metric") or {}
-            metric = f"{m.get('name')} {m.get('value'):.4f} (≥ {m.get('threshold')})" if m.get("value") is not None else "-"
-            lat = (v.get("latency_ms") or {}).get("1")
-            verdict = ("[green]✔[/]" if v["passed"] else f"[red]✘[/] {escape(str(v.get('reason') or ''))[:80]}")
-            if rep.get("best") and rep["best"]["name"] == v["name"]:
-                verdict += " [bold]best[/]"
-            mae = v.get("max_abs_err")
-            t.add_row(v["name"], str(v.get("nodes") or "-"), f"{(v.get('bytes') or 0) / 1e6:.1f}",
-                      "-" if mae is None else f"{mae:.2e}", metric, "-" if lat is None else f"{lat:.2f}",
-                      "-" if v.get("speedup") is None else f"{v['speedup']:.2f}×", Text.from_markup(verdict))
-        err.print(t)
-    b = rep.get("benchmark")
-    if b and b.get("runs"):
-        peak = b.get("peak_gflops")
-        t = Table(title=f"benchmark ({b['threads']} threads" + (f", GEMM peak {peak:.0f} GFLOP/s)" if peak else ")"))
-        for col in ("backend", "batch", "p50 ms", "p90 ms", "p99 ms", "items/s", "% peak", "speedup"):
-            t.add_column(col)
-        for r in b["runs"]:
-            pct = r.get("peak_pct")
-            sp = r.get("speedup")
-            t.add_row(r["backend"], str(r["batch"]) + (f"×{r['seq']}" if r.get("seq") else ""), f"{r['p50_ms']:.2f}",
-                      f"{r['p90_ms']:.2f}", f"{r['p99_ms']:.2f}", f"{r['throughput']:.1f}",
-                      "-" if pct is None else f"{pct:.0f}%", "-" if sp is None else f"{sp:.2f}×")
-        err.print(t)
-    div = (rep.get("validation") or {}).get("divergence")
-    if div and div.get("trace"):
-        t = Table(title=f"where PyTorch and ONNX part (case '{div['case']}')")
-        for col in ("module", "type", "ONNX node", "op", "max abs err", ""):
-            t.add_column(col)
-        trace = div["trace"]
-        first_bad = next((i for i, e in enumerate(trace) if not e["passed"]), len(trace))
-        for e in trace[max(0, first_bad - 3): first_bad + 4]:
-            err_ = "-" if e["max_abs_err"] is None else f"{e['max_abs_err']:.2e}"
-            t.add_row(e["module"], e["module_type"], str(e["node"]), str(e["op"]), err_,
-                      Text.from_markup("[green]✔[/]" if e["passed"] else "[red]✘[/]"))
-        err.print(t)
-    for d in rep["diagnostics"]:
-        color = {"error": "red", "warning": "yellow"}.get(d["severity"], "blue")
-        where = escape(f" [{d['module']}]") if d.get("module") else ""
-        err.print(f"[{color}]{d['severity']}[/] {d['code']}{where}: {escape(d['message'])}", markup=True)
-        if d.get("hint") and d["severity"] != "info":
-            err.print(f"    hint: {d['hint']}")
-    err.print(f"  report    {out / 'report.json'}")
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point. Usage mistakes (unknown options, bad values, a missing argument) are
+    answered in one line with exit 2, like every other bad input."""
+    try:
+        code = app(standalone_mode=False)
+    except _USAGE_ERROR as e:
+        ctx = getattr(e, "ctx", None)
+        if type(e).__name__ == "NoArgsIsHelpError" and ctx is not None:
+            err.print(ctx.get_help())
+        else:
+            where = f"onnxport {ctx.info_name} --help" if ctx is not None and ctx.parent is not None else "onnxport --help"
+            message = " ".join(e.format_message().split()).rstrip(".")
+            err.print(f"[bold red]error:[/] {escape(message)}. Hint: see '{where}'.", markup=True)
+        code = EXIT_USAGE
+    except typer.Abort:
+        err.print("interrupted")
+        code = 130
+    sys.exit(code or 0)
+
+
+# Typer raises its own copy of click's UsageError for unknown options, bad values and missing arguments.
+_USAGE_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")

@@ -1,0 +1,178 @@
+"""What the terminal shows: the verdict first, then the facts that support it (all on stderr; stdout belongs
+to --json)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+err = Console(stderr=True, soft_wrap=True, highlight=False, markup=False,
+              width=None if sys.stderr.isatty() else 120)
+
+
+def _shape(shape) -> str:
+    if shape is None:
+        return "?"
+    return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def print_summary(c: dict) -> None:
+    err.print(f"  graph     IR {c['ir_version']} · opset {c['opset']} · {c['nodes']} nodes · "
+              f"{c['initializers']} initializers · {c['parameters']:,} parameters · {c['bytes'] / 1e6:.1f} MB")
+    top = ", ".join(f"{k}×{v}" for k, v in list(c["op_histogram"].items())[:8])
+    err.print(f"  ops       {top}")
+    for io in c["inputs"]:
+        err.print(f"  input     {io['name']} {io['dtype']}{_shape(io['shape'])}")
+    for io in c["outputs"]:
+        err.print(f"  output    {io['name']} {io['dtype']}{_shape(io['shape'])}")
+
+
+def print_report(rep: dict, out: Path) -> None:
+    """The terminal summary: verdict first, then the facts that support it."""
+    status = rep["status"]
+    style = {"ok": "bold green", "validation_failed": "bold red", "export_failed": "bold red"}[status]
+    mark = "✔" if status == "ok" else "✘"
+    err.print(f"[{style}]{mark} {status}[/]  {escape(rep['summary'])}", markup=True)
+    _print_export(rep, out)
+    _print_runtime(rep, out)
+    _print_validation(rep, out)
+    _print_variants(rep, out)
+    _print_benchmark(rep, out)
+    _print_divergence(rep, out)
+    _print_diagnostics(rep, out)
+    if rep.get("log"):
+        err.print(f"  log       {out / rep['log']} (what the libraries printed)")
+    err.print(f"  report    {out / 'report.json'}")
+
+
+def _print_export(rep: dict, out: Path) -> None:
+    m = rep["model"]
+    err.print(f"  model     {m['name']} ({m['kind']}) · {m['parameters']:,} parameters")
+    exp = rep["export"]
+    def mark(a: dict) -> str:
+        if (a["error"] or "").startswith("not applicable"):
+            return f"{a['exporter']} –"
+        return f"{a['exporter']} {('✔ froze' if a.get('frozen') else '✔') if a['ok'] else '✘'} {a['seconds']:.1f}s"
+
+    tries = ", ".join(mark(a) for a in exp["attempts"])
+    err.print(f"  export    {exp['exporter'] or '-'} · opset {exp['opset'] or '-'} · attempts: {tries}")
+    for a in exp["attempts"]:
+        if a["error"] or a.get("frozen"):
+            err.print(f"            [dim]{a['exporter']}: {escape(a['error'] or a['frozen'])}[/]", markup=True)
+    if rep["check"]:
+        c = rep["check"]
+        err.print(f"  file      {out / exp['path'] if exp.get('path') else '-'}")
+        print_summary(c)
+        by_symbol: dict[str, list[dict]] = {}
+        for d in c["dynamic_dims"]:
+            by_symbol.setdefault(d["symbol"], []).append(d)
+        for sym, ds in by_symbol.items():
+            proven = all(d["proven"] for d in ds)
+            ok = "[green]proven[/]" if proven else "[red]NOT proven[/]"
+            sizes = ",".join(map(str, ds[0].get("sizes_passed", [])))
+            where = escape(", ".join(f"{d['input']}[{d['axis']}]" for d in ds))
+            err.print(f"  dim       {escape(sym)} {ds[0]['min']}..{ds[0]['max']} ({where}) {ok} at sizes {sizes or '-'}",
+                      markup=True)
+
+
+def _print_runtime(rep: dict, out: Path) -> None:
+    rt = rep.get("runtime")
+    if rt:
+        placed = ", ".join(f"{p} ({n} nodes)" for p, n in (rt.get("nodes_per_provider") or {}).items())
+        err.print(f"  runtime   {rt['device']} · {placed or ', '.join(rt['providers_used'])}")
+        if rt["cpu_fallback_nodes"]:
+            err.print(f"[yellow]  fallback  {len(rt['cpu_fallback_nodes'])} node(s) on the CPU: "
+                      f"{escape(', '.join(rt['cpu_fallback_nodes'][:8]))}[/]", markup=True)
+
+
+def _print_validation(rep: dict, out: Path) -> None:
+    val = rep.get("validation")
+    if val:
+        t = Table(title=f"validation (atol {val['tolerance']['atol']}, rtol {val['tolerance']['rtol']})")
+        for col in ("case", "sizes", "max abs err", "max rel err", "pass"):
+            t.add_column(col)
+        for c in val["cases"]:
+            sizes = c.get("sizes") or {}
+            shapes = (" ".join(f"{k}={v}" for k, v in sizes.items()) if sizes
+                      else " ".join(f"{k}{_shape(v)}" for k, v in c["shapes"].items()))
+            mark = "[green]✔[/]" if c["passed"] else f"[red]✘[/] {escape(c.get('error') or '')}"
+            fa = "-" if c["max_abs_err"] is None else f"{c['max_abs_err']:.2e}"
+            fr = "-" if c["max_rel_err"] is None else f"{c['max_rel_err']:.2e}"
+            t.add_row(c.get("label", ""), shapes, fa, fr, Text.from_markup(mark))
+        err.print(t)
+        for b in val.get("branches") or []:
+            seen = b.get("sides") or {f"{k} iterations": v for k, v in (b.get("trip_counts") or {}).items()}
+            what = "; ".join(f"{k} on '{v}'" for k, v in seen.items() if v)
+            ok = "[green]both sides[/]" if b["op"] == "If" else "[green]several trip counts[/]"
+            ok = ok if b["covered"] else "[yellow]partly[/]"
+            err.print(f"  {b['op']:<9} {escape(b['node'])} ({escape(b.get('module') or 'model')}) {ok}: {escape(what)}",
+                      markup=True)
+
+
+def _print_variants(rep: dict, out: Path) -> None:
+    if rep.get("variants"):
+        at = (rep.get("best") or {}).get("timed_at") or {}
+        where = ", ".join(f"{k} {v}" for k, v in at.items())
+        t = Table(title="variants (each re-proven against PyTorch" + (f"; timed at {where})" if where else ")"))
+        for col in ("variant", "nodes", "MB", "max abs err", "metric", "p50 ms b1", "speedup", "verdict"):
+            t.add_column(col)
+        for v in rep["variants"]:
+            m = v.get("metric") or {}
+            metric = f"{m.get('name')} {m.get('value'):.4f} (≥ {m.get('threshold')})" if m.get("value") is not None else "-"
+            lat = (v.get("latency_ms") or {}).get("1")
+            if v.get("skipped"):
+                verdict = f"[dim]– {escape(str(v['skipped'])[:100])}[/]"
+            else:
+                verdict = "[green]✔[/]" if v["passed"] else f"[red]✘[/] {escape(str(v.get('reason') or ''))[:80]}"
+            if rep.get("best") and rep["best"]["name"] == v["name"]:
+                verdict += " [bold]best[/]"
+            mae = v.get("max_abs_err")
+            t.add_row(v["name"], str(v.get("nodes") or "-"), f"{(v.get('bytes') or 0) / 1e6:.1f}",
+                      "-" if mae is None else f"{mae:.2e}", metric, "-" if lat is None else f"{lat:.2f}",
+                      "-" if v.get("speedup") is None else f"{v['speedup']:.2f}×", Text.from_markup(verdict))
+        err.print(t)
+
+
+def _print_benchmark(rep: dict, out: Path) -> None:
+    b = rep.get("benchmark")
+    if b and b.get("runs"):
+        peak = b.get("peak_gflops")
+        t = Table(title=f"benchmark ({b['threads']} threads" + (f", GEMM peak {peak:.0f} GFLOP/s)" if peak else ")"))
+        for col in ("backend", "batch", "p50 ms", "p90 ms", "p99 ms", "items/s", "% peak", "speedup"):
+            t.add_column(col)
+        for r in b["runs"]:
+            pct = r.get("peak_pct")
+            sp = r.get("speedup")
+            t.add_row(r["backend"], str(r["batch"]) + (f"×{r['seq']}" if r.get("seq") else ""), f"{r['p50_ms']:.2f}",
+                      f"{r['p90_ms']:.2f}", f"{r['p99_ms']:.2f}", f"{r['throughput']:.1f}",
+                      "-" if pct is None else f"{pct:.0f}%", "-" if sp is None else f"{sp:.2f}×")
+        err.print(t)
+
+
+def _print_divergence(rep: dict, out: Path) -> None:
+    div = (rep.get("validation") or {}).get("divergence")
+    if div and div.get("trace"):
+        t = Table(title=f"where PyTorch and ONNX part (case '{div['case']}')")
+        for col in ("module", "type", "ONNX node", "op", "max abs err", ""):
+            t.add_column(col)
+        trace = div["trace"]
+        first_bad = next((i for i, e in enumerate(trace) if not e["passed"]), len(trace))
+        for e in trace[max(0, first_bad - 3): first_bad + 4]:
+            err_ = "-" if e["max_abs_err"] is None else f"{e['max_abs_err']:.2e}"
+            t.add_row(e["module"], e["module_type"], str(e["node"]), str(e["op"]), err_,
+                      Text.from_markup("[green]✔[/]" if e["passed"] else "[red]✘[/]"))
+        err.print(t)
+
+
+def _print_diagnostics(rep: dict, out: Path) -> None:
+    for d in rep["diagnostics"]:
+        color = {"error": "red", "warning": "yellow"}.get(d["severity"], "blue")
+        where = escape(f" [{d['module']}]") if d.get("module") else ""
+        err.print(f"[{color}]{d['severity']}[/] {d['code']}{where}: {escape(d['message'])}", markup=True)
+        if d.get("hint") and d["severity"] != "info":
+            err.print(f"    hint: {d['hint']}")

@@ -1,0 +1,82 @@
+"""Which variants ``convert`` builds by default: only those that can win for this kind of model on this
+device, each left-out one recorded with the measurement that rules it out (``--variants all`` builds every
+one; ``--variants NAME,…`` exactly those).
+
+Measured on a 2-core AVX2 CPU without VNNI or native fp16 (benchmarks/optimize_speedup.py, warm-block timing,
+batch 1; speedups over PyTorch eager):
+
+* MiniLM (Hugging Face BERT): export 2.82× at seq 16, ``fused+int8`` 5.34× (the winner at 16–128 tokens);
+  ``fused`` fp32 no faster than the export (ONNX Runtime fuses the dynamo graph when it loads it);
+  ``slim`` / ``ort`` equal to the export.
+* TextClassifier (nn.MultiheadAttention, not a Hugging Face model): export 2.50×, ``int8`` (7-bit weights)
+  4.18× (the winner); ``fused`` slower than the export (14.2 vs 13.3 ms at seq 128).
+* resnet18: the export wins (1.9–2.1×); ``ort`` was picked once by noise and was slower when confirmed;
+  static ``int8`` fails the top-1 check on generated inputs (0.82) without calibration images.
+* fp16 on a CPU without native fp16 arithmetic runs through casts: slower than fp32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from onnxport.optimize.fusion import transformer_params
+from onnxport.optimize.result import VARIANTS
+from onnxport.sources.base import LoadedModel
+
+FP16_FLAGS = ("avx512_fp16", "amx_fp16")  # CPU features with native fp16 arithmetic
+
+SAME_AS_LOAD = ("ONNX Runtime applies the same graph rewrites when it loads the export, so it runs no faster "
+                "(measured equal on MiniLM, the TextClassifier and resnet18)")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The variants to build, in order, and why each other one is left out."""
+
+    build: tuple[str, ...]
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def _kind(loaded: LoadedModel) -> str:
+    """hf-transformer | attention | cnn | other."""
+    params = transformer_params(loaded)
+    if params is not None:
+        return "hf-transformer" if params.get("found_in") == "config" else "attention"
+    images = [s for s in loaded.inputs if s.dtype.startswith("float") and len(s.shape) == 4]
+    return "cnn" if images else "other"
+
+
+def default_plan(loaded: LoadedModel, device: str = "cpu", cpu_flags: Sequence[str] = ()) -> Plan:
+    """The variants that can win for ``loaded`` on ``device`` (``cpu_flags``: this CPU's features)."""
+    kind = _kind(loaded)
+    why: dict[str, str] = {"slim": f"not built by default: {SAME_AS_LOAD}",
+                           "ort": f"not built by default: {SAME_AS_LOAD}"}
+    if device == "cuda":
+        why["int8"] = why["fused+int8"] = ("not built by default: on the CUDA provider int8 (dynamic) runs "
+                                           "slower than fp16")
+        if kind not in ("hf-transformer",):
+            why["fused"] = "not built by default: no Hugging Face attention to fuse"
+        return _plan(why)
+    if not any(f in cpu_flags for f in FP16_FLAGS):
+        why["fp16"] = ("not built by default: this CPU has no native fp16 arithmetic (no AVX512-FP16/AMX-FP16), "
+                       "so fp16 runs through casts, slower than fp32")
+    if kind == "hf-transformer":
+        why["fused"] = ("not built by default: fp32 fusion is no faster than the export (ONNX Runtime fuses the "
+                        "graph when it loads it); its int8 form fused+int8 is built")
+        why["int8"] = "not built by default: fused+int8 quantizes the same MatMuls after fusion and runs faster"
+    elif kind == "attention":
+        why["fused"] = why["fused+int8"] = ("not built by default: ONNX Runtime's fusion does not match "
+                                            "nn.MultiheadAttention's graph (measured slower than the export)")
+    elif kind == "cnn":
+        why["int8"] = ("not built by default: static int8 of a CNN needs calibration images; on generated inputs "
+                       "it fails the top-1 check (resnet18: 0.82)")
+        why["fused"] = why["fused+int8"] = "not built by default: no attention to fuse"
+    else:
+        why["fused"] = why["fused+int8"] = "not built by default: no attention to fuse"
+    return _plan(why)
+
+
+def _plan(why: dict[str, str]) -> Plan:
+    hint = " (--variants all builds it)"
+    return Plan(tuple(n for n in VARIANTS if n not in why), {n: w + hint for n, w in why.items()})
