@@ -25,6 +25,7 @@ demo: $(STAMP)
 		-o $(DEMO_OUT)/minilm --force
 
 test: lint
+	@bash scripts/ensure-chromium.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # ruff, and the layer contract of docs/architecture.md (import-linter, configured in pyproject.toml)

@@ -217,10 +217,14 @@ def test_bench_report_and_convert_commands(tmp_path):
     assert proc.returncode == 0, proc.stderr
     rep = load_report(conv)
     assert rep["benchmark"] is None
-    names = [v["name"] for v in rep["variants"]]  # convert optimizes by default: every variant, re-proven
-    assert names[0] == "export" and {"slim", "ort", "fp16", "int8"} <= set(names)
+    names = [v["name"] for v in rep["variants"]]  # convert builds what can win here, lists the rest with why
+    assert names[0] == "export" and set(names[1:]) == {"slim", "ort", "fused", "fp16", "int8", "fused+int8"}
+    not_built = {v["name"]: v["skipped"] for v in rep["variants"] if (v.get("skipped") or "").startswith("not built")}
+    assert {"slim", "ort", "fused", "fused+int8"} <= set(not_built) and "int8" not in not_built
+    assert all("--variants all" in why for why in not_built.values())
     assert rep["best"]["name"] in names and (conv / "best.onnx").is_file() and "optimize" in rep["timings"]
-    assert "variants" in proc.stderr
+    assert "variants" in proc.stderr and "not built" in proc.stderr
+    assert rep["log"] == "onnxport.log" and (conv / "onnxport.log").is_file()
     plain = tmp_path / "PLAIN"
     proc = run_cli("convert", f"{MODELS}:TinyMLP", "-i", "x:float32[batch,8]", "-o", str(plain), "--no-bench",
                    "--exporter", "torchscript", "--no-optimize")

@@ -115,27 +115,37 @@ def _print_validation(rep: dict, out: Path) -> None:
 
 
 def _print_variants(rep: dict, out: Path) -> None:
-    if rep.get("variants"):
+    entries = rep.get("variants") or []
+    not_built = [v["name"] for v in entries if str(v.get("skipped") or "").startswith("not built")]
+    shown = [v for v in entries if v["name"] not in not_built]
+    if shown:
         at = (rep.get("best") or {}).get("timed_at") or {}
         where = ", ".join(f"{k} {v}" for k, v in at.items())
         t = Table(title="variants (each re-proven against PyTorch" + (f"; timed at {where})" if where else ")"))
         for col in ("variant", "nodes", "MB", "max abs err", "metric", "p50 ms b1", "speedup", "verdict"):
             t.add_column(col)
-        for v in rep["variants"]:
-            m = v.get("metric") or {}
-            metric = f"{m.get('name')} {m.get('value'):.4f} (≥ {m.get('threshold')})" if m.get("value") is not None else "-"
-            lat = (v.get("latency_ms") or {}).get("1")
-            if v.get("skipped"):
-                verdict = f"[dim]– {escape(str(v['skipped'])[:100])}[/]"
-            else:
-                verdict = "[green]✔[/]" if v["passed"] else f"[red]✘[/] {escape(str(v.get('reason') or ''))[:80]}"
-            if rep.get("best") and rep["best"]["name"] == v["name"]:
-                verdict += " [bold]best[/]"
-            mae = v.get("max_abs_err")
-            t.add_row(v["name"], str(v.get("nodes") or "-"), f"{(v.get('bytes') or 0) / 1e6:.1f}",
-                      "-" if mae is None else f"{mae:.2e}", metric, "-" if lat is None else f"{lat:.2f}",
-                      "-" if v.get("speedup") is None else f"{v['speedup']:.2f}×", Text.from_markup(verdict))
+        for v in shown:
+            t.add_row(*_variant_row(rep, v))
         err.print(t)
+    if not_built:
+        err.print(f"  not built {', '.join(not_built)} (they cannot win for this model here: report.json says why; "
+                  "--variants all builds them)")
+
+
+def _variant_row(rep: dict, v: dict) -> list:
+    m = v.get("metric") or {}
+    metric = f"{m.get('name')} {m.get('value'):.4f} (≥ {m.get('threshold')})" if m.get("value") is not None else "-"
+    lat = (v.get("latency_ms") or {}).get("1")
+    if v.get("skipped"):
+        verdict = f"[dim]– {escape(str(v['skipped'])[:100])}[/]"
+    else:
+        verdict = "[green]✔[/]" if v["passed"] else f"[red]✘[/] {escape(str(v.get('reason') or ''))[:80]}"
+    if rep.get("best") and rep["best"]["name"] == v["name"]:
+        verdict += " [bold]best[/]"
+    mae = v.get("max_abs_err")
+    return [v["name"], str(v.get("nodes") or "-"), f"{(v.get('bytes') or 0) / 1e6:.1f}",
+            "-" if mae is None else f"{mae:.2e}", metric, "-" if lat is None else f"{lat:.2f}",
+            "-" if v.get("speedup") is None else f"{v['speedup']:.2f}×", Text.from_markup(verdict)]
 
 
 def _print_benchmark(rep: dict, out: Path) -> None:

@@ -1,0 +1,70 @@
+"""The default variant plan: only what can win for the model kind on the device, the rest with the reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from onnxport import optimize
+from onnxport.api import export, load_model
+from onnxport.optimize.plan import default_plan
+from onnxport.optimize.result import VARIANTS, parse_names
+from tests.conftest import MODELS
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return load_model(f"{MODELS}:TinyMLP", inputs=["x:float32[batch,8]"])
+
+
+def test_plan_for_a_plain_model_on_a_cpu_without_fp16(mlp):
+    plan = default_plan(mlp, "cpu", ["avx2", "fma"])
+    assert plan.build == ("int8",)
+    assert set(plan.skipped) == set(VARIANTS) - {"int8"}
+    assert "no native fp16" in plan.skipped["fp16"] and "--variants all" in plan.skipped["fp16"]
+
+
+def test_plan_builds_fp16_where_the_cpu_has_native_fp16(mlp):
+    assert "fp16" in default_plan(mlp, "cpu", ["avx512_fp16"]).build
+
+
+def test_plan_for_attention_models_and_cnns():
+    text = load_model(f"{MODELS}:TinyText", inputs=["input_ids:int64[batch,seq]{0..49}"])
+    assert default_plan(text, "cpu", []).build == ("int8",)  # nn.MultiheadAttention: ORT's fusion does not match
+    torchvision = pytest.importorskip("torchvision")
+    assert torchvision
+    cnn = load_model("torchvision:resnet18")
+    plan = default_plan(cnn, "cpu", [])
+    assert plan.build == () and "calibration" in plan.skipped["int8"]
+
+
+def test_plan_on_cuda_keeps_fp16_and_drops_int8(mlp):
+    plan = default_plan(mlp, "cuda", [])
+    assert "fp16" in plan.build and "int8" not in plan.build and "CUDA" in plan.skipped["int8"]
+
+
+def test_names_all_auto_and_lists():
+    assert parse_names("all") == list(VARIANTS) and parse_names(None) == list(VARIANTS)
+    assert parse_names("auto") == "auto"
+    assert parse_names("int8,slim,int8") == ["int8", "slim"]
+
+
+def test_budget_stops_starting_variants(tmp_path, mlp):
+    rep = export(f"{MODELS}:TinyMLP", tmp_path / "m", inputs=["x:float32[batch,8]"], exporter="torchscript")
+    assert rep["status"] == "ok"
+    res = optimize.variants(mlp, tmp_path / "m" / "model.onnx", tmp_path / "o", names=["slim", "ort"], budget_s=1e-3)
+    skipped = {v.name: v.skipped for v in res.variants if v.skipped}
+    assert set(skipped) == {"slim", "ort"} and all("--budget" in why for why in skipped.values())
+    assert res.best is not None and res.best.name == "export"
+
+
+def test_nothing_to_build_skips_the_proof_and_timing(tmp_path, monkeypatch):
+    cnn_like = load_model(f"{MODELS}:TinyMLP", inputs=["x:float32[batch,8]"])
+    rep = export(f"{MODELS}:TinyMLP", tmp_path / "m", inputs=["x:float32[batch,8]"], exporter="torchscript")
+    assert rep["status"] == "ok"
+    from onnxport.optimize import choice
+    from onnxport.optimize.plan import Plan
+
+    monkeypatch.setattr(choice, "default_plan", lambda *a, **k: Plan((), {"int8": "not built by default: test"}))
+    res = optimize.variants(cnn_like, tmp_path / "m" / "model.onnx", tmp_path / "o", names="auto")
+    assert [(v.name, v.skipped) for v in res.variants] == [("int8", "not built by default: test")]
+    assert res.best is None and not (tmp_path / "o" / "best.onnx").exists()
