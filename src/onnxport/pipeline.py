@@ -15,7 +15,7 @@ from typing import Any
 from onnxport import diagnose, optimize, report, runtime
 from onnxport.bench import run as bench_run
 from onnxport.bench import sizes_at
-from onnxport.core.diagnostics import Diagnostic, error
+from onnxport.core.diagnostics import Diagnostic, error, warning
 from onnxport.core.errors import ExportFailed, UsageError
 from onnxport.core.logs import Progress, noop
 from onnxport.core.onnxfile import external_data_files, move_model, read_graph
@@ -25,7 +25,7 @@ from onnxport.core.spec import Dim, InputSpec, parse_dim, parse_input
 from onnxport.exporters import functions
 from onnxport.exporters.chain import export as run_export
 from onnxport.exporters.strategies import CONTROL_FLOW
-from onnxport.prove import branches, localize
+from onnxport.prove import batching, branches, localize
 from onnxport.prove.check import check
 from onnxport.prove.parity import compare
 from onnxport.report.build import Outcome, build_report, status_of
@@ -239,7 +239,18 @@ def _check_and_compare(loaded: LoadedModel, result: ExportResult, diags: list[Di
         timings["localize"] = time.perf_counter() - t
         if divergence is not None:
             diags.append(diagnose.explain_divergence(divergence, loaded, diags))
+    invariance = None
+    if parity.passed:
+        progress("each row alone against the same row inside a batch")
+        invariance = batching.check(loaded, result.path, tolerance=tolerance)
+        if invariance.applicable and not invariance.passed:
+            diags.append(warning(
+                "batch-dependent", f"a row's outputs change when it runs inside a batch of {invariance.rows} "
+                f"(up to {invariance.max_abs_diff:.3g}, row {invariance.worst_row})",
+                hint="the graph mixes rows (a batch statistic, a reduction over axis 0): do not batch requests "
+                     "to it; onnxport serve runs each request alone"))
     return Outcome(loaded, command, tuple(diags), dict(timings), export=result, check=checked, parity=parity,
+                   batch_invariance=invariance if invariance is not None and invariance.applicable else None,
                    branches=tuple(sites), placement=placed, divergence=divergence,
                    divergence_module=diagnose.label(loaded, divergence.module) if divergence else None)
 

@@ -277,19 +277,22 @@ def serve(path: Annotated[Path, typer.Argument(help="an output folder, a .onnx f
     """Serve models over the Open Inference Protocol v2 (KServe v2 / Triton HTTP) with dynamic batching."""
     from onnxport import api
     from onnxport.runtime import ops
-    from onnxport.serve import discover, run
+    from onnxport.serve import discover, listen, run
 
     api.use_runtime(custom_op_library or [], device)
     for file in custom_op_python or []:
         ops.import_implementations(file)
     models = discover(path, name)  # a bad PATH fails here, in one line, before anything starts
+    sock = listen(host, port)  # so does a port that is taken
     base = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     err.print(f"serving {path} on {base}/v2 (Ctrl-C stops after in-flight requests finish)")
     for m in models:
         err.print(f"  model {m.name!r} ({m.onnx_path.name}): POST {base}/v2/models/{m.name}/infer")
+        if m.batching_off:
+            err.print(f"    batching off: {m.batching_off}")
     try:
         run(path, host=host, port=port, max_batch=max_batch, max_delay_ms=max_delay_ms,
-            max_body_bytes=int(max_body_mb * 1024 * 1024), name=name)
+            max_body_bytes=int(max_body_mb * 1024 * 1024), name=name, sock=sock)
     except KeyboardInterrupt:
         raise typer.Exit(0) from None
 

@@ -203,3 +203,19 @@ class Divergence:
                 "max_abs_err": None if self.max_abs_err is None or not np.isfinite(self.max_abs_err)
                 else float(self.max_abs_err),
                 "case": self.case, "method": self.method, "onnx_error": self.onnx_error, "trace": list(self.trace)}
+
+
+@dataclass(frozen=True)
+class BatchInvariance:
+    """Whether each row of a heterogeneous batch gets the answer it gets alone (what a batching server needs)."""
+
+    rows: int  # the batch size checked
+    passed: bool
+    max_abs_diff: float  # largest |alone - batched| over rows and outputs
+    worst_row: int | None = None
+    applicable: bool = True  # False: the model has no batch axis to check
+    reason: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"rows": self.rows, "passed": self.passed, "max_abs_diff": finite(self.max_abs_diff),
+                "worst_row": self.worst_row, "applicable": self.applicable, "reason": self.reason}

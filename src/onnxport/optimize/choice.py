@@ -19,7 +19,7 @@ from onnxport.bench import bench_sizes, sizes_at, stats, timed_blocks
 from onnxport.core.errors import UsageError
 from onnxport.core.logs import Progress, noop
 from onnxport.core.onnxfile import file_bytes
-from onnxport.core.records import FP32, Tolerance
+from onnxport.core.records import FP16, FP32, Tolerance
 from onnxport.core.samples import Case, make_inputs, validation_cases
 from onnxport.optimize.context import (
     BuildContext,
@@ -35,6 +35,7 @@ from onnxport.optimize.policy import prove
 from onnxport.optimize.precision import build_fp16
 from onnxport.optimize.result import AUTO, BASELINE, VARIANTS, OptimizeResult, Variant, parse_names
 from onnxport.optimize.sensitivity import build_int8_searched
+from onnxport.prove import batching
 from onnxport.runtime.backends import OrtBackend, default_threads
 from onnxport.runtime.feeds import FeedMap
 from onnxport.sources.base import LoadedModel
@@ -211,6 +212,7 @@ def _baseline(model_path: Path, out: Path, ctx: BuildContext) -> Variant:
     t0 = time.perf_counter()
     proof = prove(ctx.loaded, BASELINE, model_path, ctx.refs, ctx.tolerance)
     return Variant(BASELINE, relative(model_path, out), prove_seconds=time.perf_counter() - t0,
+                   batch_invariant=_batch_invariance(ctx, BASELINE, model_path),
                    **file_facts(model_path), **replace(proof, divergence=None).variant_fields())
 
 
@@ -233,8 +235,20 @@ def _variant(name: str, src: Path, dst: Path, out: Path, ctx: BuildContext, buil
     proof = outcome.proof if outcome.proof is not None else prove(ctx.loaded, name, dst, ctx.refs, ctx.tolerance)
     prove_s = outcome.prove_seconds + time.perf_counter() - t1
     build_s -= outcome.prove_seconds
+    invariant = _batch_invariance(ctx, name, dst) if proof.passed else None
     return Variant(name, relative(dst, out), build_seconds=build_s, prove_seconds=prove_s,
-                   details=outcome.details, **file_facts(dst), **proof.variant_fields())
+                   details=outcome.details, batch_invariant=invariant, **file_facts(dst), **proof.variant_fields())
+
+
+def _batch_invariance(ctx: BuildContext, name: str, path: Path) -> dict | None:
+    """The batching case of a variant's proof (fp16 within its own tolerance, every other one within fp32's)."""
+    ctx.progress(f"variant {name}: each row alone against the same row inside a batch")
+    try:
+        result = batching.check(ctx.loaded, path, tolerance=FP16 if "fp16" in name else FP32)
+    except Exception as e:  # noqa: BLE001 - a file that cannot run at the batch size is not batch-safe
+        return {"rows": 0, "passed": False, "max_abs_diff": None, "worst_row": None, "applicable": True,
+                "reason": f"the batched run failed: {short_error(e)}"}
+    return result.to_dict() if result.applicable else None
 
 
 # --------------------------------------------------------------------------- entry point

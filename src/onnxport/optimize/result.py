@@ -98,6 +98,7 @@ class Variant:
     tolerance: dict | None = None
     divergence: dict | None = None
     details: dict = field(default_factory=dict)
+    batch_invariant: dict | None = None  # prove.batching: each row alone == inside a batch
 
     def to_dict(self) -> dict:
         """The report.json ``variants[]`` entry."""
@@ -107,7 +108,8 @@ class Variant:
                 "metrics": [m.to_dict() for m in self.metrics], "latency_ms": dict(self.latency_ms),
                 "speedup": self.speedup, "build_seconds": round(self.build_seconds, 3),
                 "prove_seconds": round(self.prove_seconds, 3), "tolerance": self.tolerance,
-                "divergence": self.divergence, "details": self.details}
+                "divergence": self.divergence, "details": self.details,
+                **({"batch_invariant": self.batch_invariant} if self.batch_invariant is not None else {})}
 
 
 @dataclass(frozen=True)

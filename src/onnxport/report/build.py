@@ -15,7 +15,14 @@ from typing import Any
 from onnxport import environment
 from onnxport.bench import BenchResult
 from onnxport.core.diagnostics import Diagnostic
-from onnxport.core.records import Attempt, CheckResult, Divergence, ExportResult, ParityResult
+from onnxport.core.records import (
+    Attempt,
+    BatchInvariance,
+    CheckResult,
+    Divergence,
+    ExportResult,
+    ParityResult,
+)
 from onnxport.core.version import __version__
 from onnxport.optimize import OptimizeResult
 from onnxport.prove.branches import Site
@@ -48,6 +55,7 @@ class Outcome:
     optimized: OptimizeResult | None = None
     stage_seconds: Mapping[str, float] = field(default_factory=dict)  # optimize / bench, rounded in the report
     benchmark: BenchResult | None = None
+    batch_invariance: BatchInvariance | None = None  # the export's rows alone vs inside a batch
     log: str | None = None  # the file beside report.json holding what the libraries printed (the CLI writes it)
 
     def but(self, **changes: Any) -> Outcome:
@@ -113,6 +121,8 @@ def build_report(o: Outcome) -> dict:
         rep["validation"] = {"passed": parity.passed, "tolerance": parity.tolerance.to_dict(),
                              "cases": [c.to_dict() for c in parity.cases], "divergence": divergence,
                              "branches": [s.to_dict() for s in o.branches]}
+        if o.batch_invariance is not None:
+            rep["validation"]["batch_invariance"] = o.batch_invariance.to_dict()
     if o.placement is not None:
         rep["runtime"] = o.placement.to_dict()
     if o.optimized is not None:

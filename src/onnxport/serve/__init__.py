@@ -22,7 +22,7 @@ from onnxport.serve.models import (
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-__all__ = ["serve_app", "run", "discover", "signature", "DEFAULT_MAX_BATCH", "DEFAULT_MAX_DELAY_MS",
+__all__ = ["serve_app", "run", "listen", "discover", "signature", "DEFAULT_MAX_BATCH", "DEFAULT_MAX_DELAY_MS",
            "DEFAULT_MAX_BODY_BYTES"]
 
 
@@ -55,12 +55,14 @@ def serve_app(path: str | Path, *, max_batch: int | None = None, max_delay_ms: f
 
 def run(path: str | Path, host: str = "127.0.0.1", port: int = 8000, *, max_batch: int | None = None,
         max_delay_ms: float | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        graceful_timeout_s: float = 30.0, log_level: str = "info", name: str | None = None) -> None:
-    """Serve PATH with uvicorn until SIGINT/SIGTERM; in-flight requests finish (up to ``graceful_timeout_s``)."""
+        graceful_timeout_s: float = 30.0, log_level: str = "info", name: str | None = None,
+        sock: socket.socket | None = None) -> None:
+    """Serve PATH with uvicorn until SIGINT/SIGTERM; in-flight requests finish (up to ``graceful_timeout_s``).
+    ``sock``: a socket already listening on host:port (see :func:`listen`)."""
+    sock = sock if sock is not None else listen(host, port)
     app = serve_app(path, max_batch=max_batch, max_delay_ms=max_delay_ms, max_body_bytes=max_body_bytes, name=name)
     import uvicorn
 
-    sock = listen(host, port)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=graceful_timeout_s, lifespan="on")
     uvicorn.Server(config).run(sockets=[sock])

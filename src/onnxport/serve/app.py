@@ -72,8 +72,11 @@ class ServedModel:
                 "outputs": [t.to_dict() for t in self.signature.outputs]}
 
     def config(self) -> dict:
-        return model_config(self.signature, self.name, max_batch=self.max_batch,
-                            max_delay_us=int(self.max_delay_ms * 1000), session_options=self.source.session_options)
+        config = model_config(self.signature, self.name, max_batch=self.max_batch,
+                              max_delay_us=int(self.max_delay_ms * 1000), session_options=self.source.session_options)
+        if self.source.batching_off:
+            config.setdefault("parameters", {})["onnxport_batching"] = {"string_value": f"off: {self.source.batching_off}"}
+        return config
 
 
 def _load(source: ModelSource, max_batch: int | None, max_delay_ms: float | None, metrics: _Metrics) -> ServedModel:
@@ -83,6 +86,8 @@ def _load(source: ModelSource, max_batch: int | None, max_delay_ms: float | None
     sess = session(source.onnx_path, **source.session_options)
     batch_limit = max_batch if max_batch is not None else (source.max_batch if source.max_batch is not None
                                                            else DEFAULT_MAX_BATCH)
+    if source.batching_off:
+        batch_limit = min(batch_limit, 1)  # a row's answer would depend on its batch neighbours
     if batch_limit < 0:
         raise UsageError(f"max_batch must be >= 0, got {batch_limit}", "pass --max-batch 1 to turn batching off")
     delay = max_delay_ms if max_delay_ms is not None else (source.max_delay_ms if source.max_delay_ms is not None

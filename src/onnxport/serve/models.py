@@ -86,6 +86,7 @@ class ModelSource:
     max_batch: int | None = None          # None: the caller's default
     max_delay_ms: float | None = None     # None: the caller's default
     session_options: dict = field(default_factory=dict)  # keyword arguments for runtime.session()
+    batching_off: str | None = None  # why this model is served unbatched whatever --max-batch says
 
 
 def _model_name(raw: str) -> str:
@@ -134,7 +135,29 @@ def _from_output_folder(out: Path) -> ModelSource:
         bench = report.get("benchmark") if isinstance(report, dict) else None
         if isinstance(bench, dict):
             options = session_options_from_tuned(bench.get("tuned"))
-    return ModelSource(_model_name(name), "1", onnx_path, session_options=options)
+    note = _not_batch_invariant(report if report_path.is_file() else None, onnx_path.name)
+    return ModelSource(_model_name(name), "1", onnx_path, session_options=options,
+                       max_batch=1 if note else None, batching_off=note)
+
+
+def _not_batch_invariant(report: Any, served: str) -> str | None:
+    """Why the served file must not be batched (its proof found a row's answer changes inside a batch)."""
+    if not isinstance(report, dict):
+        return None
+    record, what = None, "the export"
+    if served == "best.onnx" and isinstance(report.get("best"), dict):
+        what = str(report["best"].get("name"))
+        record = next((v.get("batch_invariant") for v in report.get("variants") or []
+                       if isinstance(v, dict) and v.get("name") == what), None)
+    if record is None and what in ("the export", "export"):
+        record = (report.get("validation") or {}).get("batch_invariance")
+    if not isinstance(record, dict) or record.get("passed", True):
+        return None
+    diff = record.get("max_abs_diff")
+    by = f" by up to {diff:.3g}" if isinstance(diff, (int, float)) else ""
+    return (f"{what} is not batch-invariant: a row alone and the same row inside a batch of {record.get('rows')} "
+            f"differ{by} (dynamic int8 computes activation scales over the whole batch), so each request runs "
+            "alone")
 
 
 def _config_value(text: str, key: str) -> str | None:

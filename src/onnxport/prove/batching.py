@@ -1,0 +1,70 @@
+"""Batch invariance: does a row get the same answer alone as inside a batch of other rows?
+
+A server that batches requests hands each user the row of a batched run. That is only right when the graph
+treats rows independently. Dynamic int8 quantization does not: it computes each activation's scale over the
+whole tensor, so one user's answer depends on who else was in the batch. The check runs a heterogeneous batch
+(random rows, different padding, float rows at different scales) once, then each row alone, and compares.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from onnxport.core.records import FP32, BatchInvariance, Tolerance
+from onnxport.core.samples import export_sizes, make_inputs
+from onnxport.prove.parity import compare_arrays
+from onnxport.runtime.feeds import FeedMap
+from onnxport.runtime.sessions import session
+from onnxport.sources.base import LoadedModel
+
+SERVE_ROWS = 32  # the server's and the Triton repository's default max batch
+ROW_SCALES = (1.0, 10.0, 0.1, 3.0)  # float rows at different magnitudes: what per-batch scales trip over
+
+
+def batch_symbol(loaded: LoadedModel) -> str | None:
+    """The dynamic dim every input has first (the axis a server batches along), or None."""
+    firsts = {s.shape[0] if s.shape else None for s in loaded.inputs}
+    sym = next(iter(firsts)) if len(firsts) == 1 else None
+    if isinstance(sym, str) and sym in loaded.dims and loaded.dims[sym].max > 1:
+        return sym
+    return None
+
+
+def heterogeneous_batch(loaded: LoadedModel, rows: int, seed: int = 7) -> tuple[torch.Tensor, ...]:
+    """``rows`` different rows at the export sizes: random values, masks padded differently, float rows
+    scaled differently."""
+    sym = batch_symbol(loaded)
+    sizes = {**export_sizes(loaded.dims), sym: rows}
+    tensors = list(make_inputs(loaded.inputs, sizes, "random", seed))
+    for i, t in enumerate(tensors):
+        if t.dtype.is_floating_point and t.dim():
+            scale = torch.tensor([ROW_SCALES[r % len(ROW_SCALES)] for r in range(rows)], dtype=t.dtype)
+            tensors[i] = t * scale.reshape(-1, *([1] * (t.dim() - 1)))
+    return tuple(tensors)
+
+
+def check(loaded: LoadedModel, path: str | Path, *, rows: int | None = None, tolerance: Tolerance = FP32,
+          sess=None) -> BatchInvariance:
+    """Each row of a heterogeneous batch of ``rows`` (default: the server's max batch, within the declared
+    range) against the same row run alone, every output within ``tolerance``."""
+    sym = batch_symbol(loaded)
+    if sym is None:
+        return BatchInvariance(0, True, 0.0, applicable=False,
+                               reason="the inputs share no dynamic first dim: a server cannot batch them")
+    rows = max(2, min(rows or SERVE_ROWS, loaded.dims[sym].max))
+    sess = sess if sess is not None else session(path)
+    feed = FeedMap.of(loaded.inputs, sess)
+    batch = heterogeneous_batch(loaded, rows)
+    together = sess.run(None, feed(batch))
+    worst, worst_row, passed = 0.0, None, True
+    for r in range(rows):
+        alone = sess.run(None, feed(tuple(t[r:r + 1] for t in batch)))
+        for got_batched, got_alone in zip(together, alone):
+            diff, _, ok = compare_arrays(np.asarray(got_alone), np.asarray(got_batched)[r:r + 1], tolerance)
+            if diff > worst:
+                worst, worst_row = diff, r
+            passed &= ok
+    return BatchInvariance(rows, bool(passed), float(worst), worst_row)
