@@ -161,9 +161,8 @@ def enrich(diags: list[Diagnostic], loaded: LoadedModel, guards: Sequence[tuple[
     sizes = export_sizes(loaded.dims)
     out = []
     for d in diags:
-        if d.code == "tracer-warning" and d.module and ":" in d.module:
-            file, _, line = d.module.rpartition(":")
-            module = module_at(loaded.model, file, int(line)) if line.isdigit() else None
+        if d.code == "tracer-warning" and d.source is not None:
+            module = module_at(loaded.model, *d.source)
             if module is not None:
                 d = replace(d, module=label(loaded, module))
         elif d.code in ("dynamic-dim-fixed", "dynamic-dim-narrowed") and guards:

@@ -15,9 +15,12 @@ class Diagnostic:
     module: str | None = None
     node: str | None = None
     hint: str | None = None
+    source: tuple[str, int] | None = None  # the user's (file, line) it points at; not part of the report
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        del out["source"]
+        return out
 
 
 def error(code: str, message: str, **kw) -> Diagnostic:

@@ -105,13 +105,8 @@ def move_model(src: Path, dst: Path) -> None:
     if not data:
         os.replace(src, dst)
         return
-    model = onnx.load(str(src), load_external_data=False)
     new_loc = dst.name + ".data"
-    for t in onnx.external_data_helper._get_all_tensors(model):
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            for entry in t.external_data:
-                if entry.key == "location":
-                    entry.value = new_loc
+    model = _relocated(src, new_loc)
     if len(data) != 1:
         raise ExportFailed(f"{src} spreads its weights over {len(data)} files", "re-export with onnxport")
     os.replace(data[0], dst.parent / new_loc)

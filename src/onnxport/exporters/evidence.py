@@ -55,10 +55,8 @@ def evidence_lines(attempts: list[Attempt], diags: list[Diagnostic], loaded: Loa
         if not a.ok and a.detail and (loc := user_line(a.detail)):
             lines.append(loc)
     for d in diags:
-        if d.code == "tracer-warning" and d.severity == "warning" and d.module and ":" in d.module:
-            file, _, line = d.module.rpartition(":")
-            if line.isdigit():
-                lines.append((file, int(line)))
+        if d.code == "tracer-warning" and d.severity == "warning" and d.source is not None:
+            lines.append(d.source)
     if not lines and explicit:
         lines = controlflow.if_lines(loaded.model)
     return list(dict.fromkeys(lines))
@@ -123,7 +121,7 @@ def tracer_warnings(caught: list[warnings.WarningMessage]) -> list[Diagnostic]:
         out.append((info if inside_torch else warning)(
             "tracer-warning",
             f"{Path(w.filename).name}:{w.lineno}: {str(w.message).splitlines()[0][:240]}",
-            module=f"{w.filename}:{w.lineno}",
+            module=f"{w.filename}:{w.lineno}", source=(w.filename, w.lineno),
             hint="the traced graph may have frozen a value or branch here; parity on several shapes checks it",
         ))
     return out
