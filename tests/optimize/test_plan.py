@@ -68,3 +68,4 @@ def test_nothing_to_build_skips_the_proof_and_timing(tmp_path, monkeypatch):
     res = optimize.variants(cnn_like, tmp_path / "m" / "model.onnx", tmp_path / "o", names="auto")
     assert [(v.name, v.skipped) for v in res.variants] == [("int8", "not built by default: test")]
     assert res.best is None and not (tmp_path / "o" / "best.onnx").exists()
+    assert not (tmp_path / "o" / "variants").exists()  # no empty folder left behind

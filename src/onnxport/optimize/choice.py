@@ -275,13 +275,13 @@ def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path, *
     model_path, out = Path(model_path), Path(out_dir)
     if not model_path.is_file():
         raise UsageError(f"ONNX file not found: {model_path}", "pass the model.onnx that onnxport export wrote")
-    vdir = out / "variants"
-    vdir.mkdir(parents=True, exist_ok=True)
     if not plan.build:  # nothing can win here: no proof or timing to spend, the export is the model to deploy
         say("no variant to build for this model on this device (--variants all builds every one)")
         skipped = tuple(Variant(n, None, False, reason=plan.skipped[n], skipped=plan.skipped[n])
                         for n in VARIANTS if n in plan.skipped)
         return OptimizeResult(skipped, None, None, default_threads(), timed_at=sizes_at(loaded, bench_seq))
+    vdir = out / "variants"
+    vdir.mkdir(parents=True, exist_ok=True)
     refs = reference_outputs(loaded, cases if cases is not None else validation_cases(loaded.dims))
     deadline = None if budget_s is None else t_start + budget_s
     ctx = BuildContext(loaded, tolerance, refs, transformer_params(loaded), say, deadline=deadline)
