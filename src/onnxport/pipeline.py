@@ -102,15 +102,8 @@ def run_pipeline(source: str, out: str | Path, *, inputs=None, dims=None, model_
               budget: float | None = None) -> dict:
     """Load ``source`` and run every stage into ``out`` (see :mod:`onnxport.api` for the arguments)."""
     use_runtime(custom_op_libraries, device)
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    progress(f"loading {source}")
-    with output_folder(out, force) as out:
-        loaded = load_model(source, inputs=inputs, dims=dims, model_args=model_args, weights=weights, task=task,
-                            trust_remote_code=trust_remote_code)
-        timings["load"] = time.perf_counter() - t0
-        _check_seq(loaded, seq)
-        out = prepare_out(out, force)
+    with _loaded_into(out, force, source, progress, seq, inputs=inputs, dims=dims, model_args=model_args,
+                      weights=weights, task=task, trust_remote_code=trust_remote_code) as (loaded, out, timings):
         work = Path(tempfile.mkdtemp(prefix=".onnxport-", dir=out))
         try:
             return _run_stages(loaded, out, work, exporter=exporter, opset=opset, tolerance=tolerance,
@@ -118,6 +111,21 @@ def run_pipeline(source: str, out: str | Path, *, inputs=None, dims=None, model_
                                seq=seq, log_name=log_name, budget=budget)
         finally:
             shutil.rmtree(work, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _loaded_into(out: str | Path, force: bool, source: str, progress: Progress, seq: int | None,
+                 **load_kw: Any) -> Iterator[tuple[LoadedModel, Path, dict[str, float]]]:
+    """The model loaded (its load time in the timings), --seq checked, and the output folder ready: what every
+    run does first, inside :func:`output_folder` so a failure leaves no empty folder."""
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    progress(f"loading {source}")
+    with output_folder(out, force) as folder:
+        loaded = load_model(source, **load_kw)
+        timings["load"] = time.perf_counter() - t0
+        _check_seq(loaded, seq)
+        yield loaded, prepare_out(folder, force), timings
 
 
 def _check_seq(loaded: LoadedModel, seq: int | None) -> None:
@@ -298,15 +306,8 @@ def compare_file(source: str, onnx_path: str | Path, out: str | Path, *, inputs=
     model = read_graph(onnx_path)  # a missing or broken file fails here, before the (slow) load
     for extra in extra_files:
         read_graph(extra)
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    progress(f"loading {source}")
-    with output_folder(out, force) as out:
-        loaded = load_model(source, inputs=inputs, dims=dims, model_args=model_args, weights=weights, task=task,
-                            trust_remote_code=trust_remote_code)
-        timings["load"] = time.perf_counter() - t0
-        _check_seq(loaded, seq)
-        out = prepare_out(out, force)
+    with _loaded_into(out, force, source, progress, seq, inputs=inputs, dims=dims, model_args=model_args,
+                      weights=weights, task=task, trust_remote_code=trust_remote_code) as (loaded, out, timings):
         if onnx_path.resolve().parent == out.resolve() and onnx_path.name in RESULT_FILES:
             raise UsageError("the ONNX file lies in --out, where results are written", "choose another --out")
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
