@@ -101,6 +101,7 @@ def _quietly(label: str, call, out: Path, as_json: bool) -> None:
     onnxport's own lines only), then print the report and exit with its status."""
     log = LibraryLog()
     terminal = err.file
+    rep: dict | None = None
     try:
         with log:
             err.file = log.terminal
@@ -111,8 +112,8 @@ def _quietly(label: str, call, out: Path, as_json: bool) -> None:
             print_report(rep, out)
     finally:
         err.file = terminal
-        if (out / "report.json").is_file() and "rep" in locals():
-            log.keep(out / LOG_NAME)
+        if rep is not None and (out / "report.json").is_file():
+            log.keep(out / LOG_NAME)  # a run that wrote its results keeps the log beside them
         log.discard()
     raise typer.Exit(STATUS_EXIT[rep["status"]])
 
