@@ -26,6 +26,7 @@ from onnxport.exporters import functions
 from onnxport.exporters.chain import export as run_export
 from onnxport.exporters.strategies import CONTROL_FLOW
 from onnxport.prove import batching, branches, localize
+from onnxport.prove import compare as judging
 from onnxport.prove.check import check
 from onnxport.prove.parity import compare
 from onnxport.report.build import Outcome, build_report, status_of
@@ -99,11 +100,12 @@ def run_pipeline(source: str, out: str | Path, *, inputs=None, dims=None, model_
               trust_remote_code: bool = False, command: str | None = None, progress: Progress = noop,
               bench: dict | None = None, variants: str | Sequence[str] | None = None, seq: int | None = None,
               custom_op_libraries: Sequence[str | Path] = (), device: str = "cpu", log_name: str | None = None,
-              budget: float | None = None) -> dict:
+              budget: float | None = None, compare: Sequence[str] | dict[str, str] | None = None) -> dict:
     """Load ``source`` and run every stage into ``out`` (see :mod:`onnxport.api` for the arguments)."""
     use_runtime(custom_op_libraries, device)
     with _loaded_into(out, force, source, progress, seq, inputs=inputs, dims=dims, model_args=model_args,
-                      weights=weights, task=task, trust_remote_code=trust_remote_code) as (loaded, out, timings):
+                      weights=weights, task=task, trust_remote_code=trust_remote_code,
+                      compare=compare) as (loaded, out, timings):
         work = Path(tempfile.mkdtemp(prefix=".onnxport-", dir=out))
         try:
             return _run_stages(loaded, out, work, exporter=exporter, opset=opset, tolerance=tolerance,
@@ -286,11 +288,15 @@ def _as_dims(dims: Sequence[str | Dim] | None) -> list[Dim]:
 
 def load_model(source: str, *, inputs: Sequence[str | InputSpec] | None = None,
                dims: Sequence[str | Dim] | None = None, model_args: dict | str | None = None,
-               weights: str | None = None, task: str | None = None, trust_remote_code: bool = False) -> LoadedModel:
-    """Load a model source (the SOURCE forms of the README) into a LoadedModel."""
+               weights: str | None = None, task: str | None = None, trust_remote_code: bool = False,
+               compare: Sequence[str] | dict[str, str] | None = None) -> LoadedModel:
+    """Load a model source (the SOURCE forms of the README) into a LoadedModel; ``compare``: how parity judges
+    some outputs (``NAME=KIND`` strings or a dict, see :mod:`onnxport.prove.compare`)."""
+    rules = compare if isinstance(compare, dict) else judging.parse_rules(compare)  # a typo fails before the load
     args = parse_model_args(model_args) if isinstance(model_args, str) else (model_args or {})
-    return load(source, inputs=_as_specs(inputs), dims=_as_dims(dims), model_args=args, weights=weights,
-                task=task, trust_remote_code=trust_remote_code)
+    loaded = load(source, inputs=_as_specs(inputs), dims=_as_dims(dims), model_args=args, weights=weights,
+                  task=task, trust_remote_code=trust_remote_code)
+    return judging.resolve(loaded, rules)
 
 
 def compare_file(source: str, onnx_path: str | Path, out: str | Path, *, inputs=None, dims=None, model_args=None,
@@ -299,7 +305,8 @@ def compare_file(source: str, onnx_path: str | Path, out: str | Path, *, inputs=
                  bench: dict | None = None, extra_files: Sequence[str | Path] = (),
                  variants: str | Sequence[str] | None = None, seq: int | None = None,
                  custom_op_libraries: Sequence[str | Path] = (), device: str = "cpu",
-                 log_name: str | None = None, budget: float | None = None) -> dict:
+                 log_name: str | None = None, budget: float | None = None,
+                 compare: Sequence[str] | dict[str, str] | None = None) -> dict:
     """Prove any ONNX file (exported by onnxport or not) against the PyTorch model; localize a divergence."""
     use_runtime(custom_op_libraries, device)
     onnx_path = Path(onnx_path)
@@ -307,7 +314,8 @@ def compare_file(source: str, onnx_path: str | Path, out: str | Path, *, inputs=
     for extra in extra_files:
         read_graph(extra)
     with _loaded_into(out, force, source, progress, seq, inputs=inputs, dims=dims, model_args=model_args,
-                      weights=weights, task=task, trust_remote_code=trust_remote_code) as (loaded, out, timings):
+                      weights=weights, task=task, trust_remote_code=trust_remote_code,
+                      compare=compare) as (loaded, out, timings):
         if onnx_path.resolve().parent == out.resolve() and onnx_path.name in RESULT_FILES:
             raise UsageError("the ONNX file lies in --out, where results are written", "choose another --out")
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)

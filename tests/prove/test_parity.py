@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from onnxport.core.records import FP16, FP32, Tolerance
-from onnxport.prove.parity import compare_arrays
+from onnxport.prove.compare import compare_arrays
 
 TOL = Tolerance(atol=1e-3, rtol=1e-2)
 

@@ -15,7 +15,7 @@ import torch
 
 from onnxport.core.records import FP32, BatchInvariance, Tolerance
 from onnxport.core.samples import export_sizes, make_inputs
-from onnxport.prove.parity import compare_arrays
+from onnxport.prove.compare import compare_arrays
 from onnxport.runtime.feeds import FeedMap
 from onnxport.runtime.sessions import session
 from onnxport.sources.base import LoadedModel

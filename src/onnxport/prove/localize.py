@@ -22,7 +22,8 @@ import torch
 from onnxport.core.onnxfile import inline_limit
 from onnxport.core.records import Divergence, Tolerance
 from onnxport.core.samples import Case, make_inputs
-from onnxport.prove.parity import ORT_NODE_ERROR, compare_arrays
+from onnxport.prove.compare import compare_arrays
+from onnxport.prove.parity import ORT_NODE_ERROR
 from onnxport.runtime.feeds import FeedMap
 from onnxport.runtime.sessions import session
 from onnxport.sources.base import LoadedModel

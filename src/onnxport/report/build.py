@@ -120,7 +120,7 @@ def build_report(o: Outcome) -> dict:
             divergence = {**o.divergence.to_dict(), "module": o.divergence_module}
         rep["validation"] = {"passed": parity.passed, "tolerance": parity.tolerance.to_dict(),
                              "cases": [c.to_dict() for c in parity.cases], "divergence": divergence,
-                             "branches": [s.to_dict() for s in o.branches]}
+                             "branches": [s.to_dict() for s in o.branches], "compare": dict(loaded.compare)}
         if o.batch_invariance is not None:
             rep["validation"]["batch_invariance"] = o.batch_invariance.to_dict()
     if o.placement is not None:

@@ -32,6 +32,7 @@ class LoadedModel:
     parameters: int
     diagnostics: tuple[Diagnostic, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+    compare: dict[str, str] = field(default_factory=dict)  # output -> how parity judges it (exact when absent)
 
 
 # --------------------------------------------------------------------------- binding

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 from torch import nn
 
 from onnxport.core.errors import SourceError, missing_dependency
@@ -29,12 +31,16 @@ def load_torchvision(source: str, inputs: list[InputSpec], dims: list[Dim]) -> L
         raise missing_dependency("torchvision", "vision") from None
     name = source.split(":", 1)[1]
     try:
-        model = torchvision.models.get_model(name, weights=None)
+        builder = torchvision.models.get_model_builder(name)
     except ValueError:
         known = torchvision.models.list_models()
         close = [k for k in known if name.lower()[:4] in k][:8]
         raise SourceError(f"torchvision has no model '{name}'",
                           f"e.g. {', '.join(close or known[:8])} (see torchvision.models.list_models())") from None
+    kwargs = {"weights": None}
+    if "weights_backbone" in inspect.signature(builder).parameters:
+        kwargs["weights_backbone"] = None  # detection/segmentation builders default to downloading a backbone
+    model = builder(**kwargs)
     fixed = getattr(model, "image_size", None)
     size = (fixed, fixed) if isinstance(fixed, int) else None
     if name.startswith("inception"):

@@ -1,0 +1,322 @@
+"""How one output of the ONNX model is judged against PyTorch's: elementwise (``exact``), or by what the output
+means when elementwise is the wrong question — ``detections`` matched by IoU (their number depends on the data),
+``topk`` agreement for classifier scores, ``cosine`` for embeddings.
+
+The rule of each output is resolved once after loading (:func:`resolve`: the user's ``--compare NAME=KIND``
+over what the outputs look like) and kept in ``LoadedModel.compare``; parity applies it on every case.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from onnxport.core.errors import UsageError
+from onnxport.core.records import Tolerance, finite
+from onnxport.sources.base import LoadedModel
+
+KINDS = ("exact", "detections", "topk", "cosine")
+DETECTION_PARTS = ("boxes", "scores", "labels")
+
+
+def parse_rules(texts: Iterable[str] | None) -> dict[str, str]:
+    """``NAME=KIND`` entries of ``--compare`` (KIND one of :data:`KINDS`)."""
+    rules: dict[str, str] = {}
+    for text in texts or ():
+        name, sep, kind = text.partition("=")
+        name, kind = name.strip(), kind.strip().lower()
+        if not sep or not name or kind not in KINDS:
+            raise UsageError(f"malformed --compare '{text}'",
+                             f"write OUTPUT=KIND with KIND one of {', '.join(KINDS)}, e.g. 'logits=topk'")
+        if name in rules:
+            raise UsageError(f"--compare {name} given twice", "declare each output once")
+        rules[name] = kind
+    return rules
+
+
+def _group_prefix(name: str) -> str | None:
+    for part in DETECTION_PARTS:
+        if name.endswith(part):
+            return name[: -len(part)]
+    return None
+
+
+def detection_groups(names: Sequence[str]) -> dict[str, dict[str, str]]:
+    """Outputs that read as detections: ``PREFIXboxes`` with ``PREFIXscores`` (and ``PREFIXlabels``)."""
+    groups: dict[str, dict[str, str]] = {}
+    for name in names:
+        prefix = _group_prefix(name)
+        if prefix is not None:
+            groups.setdefault(prefix, {})[name[len(prefix):]] = name
+    return {p: g for p, g in groups.items() if "boxes" in g and "scores" in g}
+
+
+def resolve(loaded: LoadedModel, declared: dict[str, str] | None = None) -> LoadedModel:
+    """``loaded`` with its comparison rules: detection-shaped outputs auto, then the user's ``declared`` rules
+    (an unknown output name is a UsageError listing the real ones)."""
+    names = loaded.output_names
+    rules: dict[str, str] = {}
+    for group in detection_groups(names).values():
+        rules.update({n: "detections" for n in group.values()})
+    for name, kind in (declared or {}).items():
+        if name not in names:
+            raise UsageError(f"--compare names '{name}', which is not an output of the model",
+                             f"the outputs are: {', '.join(names)}")
+        if kind == "detections":
+            prefix = _group_prefix(name)
+            group = detection_groups(names).get(prefix or "\0")
+            if group is None:
+                raise UsageError(f"--compare {name}=detections needs outputs named PREFIXboxes and PREFIXscores "
+                                 "(and PREFIXlabels)", f"the outputs are: {', '.join(names)}")
+            rules.update({n: "detections" for n in group.values()})
+        else:
+            if rules.get(name) == "detections":  # taken out of its group: the rest is no longer one either
+                for other in detection_groups(names).get(_group_prefix(name) or "\0", {}).values():
+                    if other not in (declared or {}):
+                        rules.pop(other, None)
+            rules[name] = kind
+    return dataclasses.replace(loaded, compare=rules)
+
+
+# --------------------------------------------------------------------------- elementwise
+
+
+def compare_arrays(ref: np.ndarray, got: np.ndarray, tol: Tolerance) -> tuple[float, float, bool]:
+    """(max abs error, max relative error, passed) of ``got`` against the reference ``ref``."""
+    if ref.shape != got.shape:
+        return float("inf"), float("inf"), False
+    if ref.dtype == np.bool_ or np.issubdtype(ref.dtype, np.integer):
+        diff = np.abs(ref.astype(np.float64) - got.astype(np.float64))
+        worst = float(diff.max()) if diff.size else 0.0
+        return worst, worst, worst == 0.0
+    r = ref.astype(np.float64)
+    g = got.astype(np.float64)
+    both_nan = np.isnan(r) & np.isnan(g)
+    same_inf = np.isinf(r) & (r == g)
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(r - g)
+    diff[both_nan | same_inf] = 0.0
+    diff[np.isnan(diff)] = np.inf
+    if not diff.size:
+        return 0.0, 0.0, True
+    bound = tol.atol + tol.rtol * np.abs(np.nan_to_num(r, posinf=0.0, neginf=0.0))
+    rel = diff / np.maximum(np.abs(np.nan_to_num(r, posinf=0.0, neginf=0.0)), tol.atol)
+    return float(diff.max()), float(rel.max()), bool((diff <= bound).all())
+
+
+
+def judge(loaded: LoadedModel, pairs: Sequence[tuple[str, np.ndarray, np.ndarray]], tol: Tolerance
+          ) -> tuple[dict[str, dict], float, float, bool, list[str]]:
+    """Every output of one case judged by its rule: (per-output record, worst abs, worst rel, passed, problems)."""
+    per_out: dict[str, dict] = {}
+    worst_abs = worst_rel = 0.0
+    ok = True
+    problems: list[str] = []
+    got_by = {n: np.asarray(g) for n, _, g in pairs}
+    ref_by = {n: r for n, r, _ in pairs}
+    groups = {p: g for p, g in detection_groups([n for n, _, _ in pairs]).items()
+              if all(loaded.compare.get(n) == "detections" for n in g.values())}
+    grouped = {n: p for p, g in groups.items() for n in g.values()}
+    matches = {p: _match_group(g, ref_by, got_by, tol, loaded) for p, g in groups.items()}
+    for name, r, g in pairs:
+        g = got_by[name]
+        a, rel, passed = compare_arrays(r, g, tol) if r.shape == g.shape else (float("inf"), float("inf"), False)
+        rec = {"shape": list(r.shape), "onnx_shape": list(g.shape), "max_abs_err": finite(a),
+               "max_rel_err": finite(rel), "passed": passed}
+        kind = "detections" if name in grouped else loaded.compare.get(name, "exact")
+        if name in grouped:
+            m = matches[grouped[name]]
+            rec.update(m.to_dict(), passed=m.passed)
+            if m.passed:
+                a = rel = m.score_err if name.endswith("scores") else m.box_err if name.endswith("boxes") else 0.0
+            elif name.endswith("boxes"):
+                problems.append(f"{name}: {m.unmatched} detection(s) without a counterpart "
+                                f"({m.matched} matched by IoU, {m.borderline} borderline)")
+        elif kind in ("topk", "cosine"):
+            rec.update(topk_agreement(r, g, tol) if kind == "topk" else cosine_agreement(r, g, tol))
+            if not rec["passed"]:
+                problems.append(f"{name}: " + (f"top-1 agrees on {rec['top1_agree']:.0%} of rows, top-{rec['k']} "
+                                               f"on {rec['topk_agree']:.0%}" if kind == "topk"
+                                               else f"cosine {rec['min_cosine']}"))
+        elif r.shape != g.shape:
+            problems.append(f"{name}: shape {list(g.shape)} instead of {list(r.shape)}")
+        elif not passed:
+            problems.append(f"{name}: max abs error {a:.3g}")
+        per_out[name] = rec
+        ok &= rec["passed"]
+        if rec["passed"] or kind == "exact":
+            worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, rel)
+    return per_out, worst_abs, worst_rel, ok, problems
+
+
+def _match_group(group: dict[str, str], ref: dict, got: dict, tol: Tolerance, loaded: LoadedModel) -> DetectionMatch:
+    params = detection_params(loaded.model)
+    return match_detections({part: ref[n] for part, n in group.items()},
+                            {part: got[n] for part, n in group.items()}, tol, params)
+
+
+# --------------------------------------------------------------------------- detections
+
+
+@dataclass(frozen=True)
+class DetectionParams:
+    """The post-processing thresholds a detection model was built with (None when unknown)."""
+
+    score_thresh: float | None = None
+    nms_thresh: float | None = None
+    max_detections: int | None = None
+
+
+def detection_params(model) -> DetectionParams:
+    """Thresholds read from the model (torchvision's RCNN ``roi_heads``, RetinaNet, FCOS, SSD: the module that
+    also caps the detections per image, not a region-proposal stage)."""
+    mods = list(model.modules())
+    mods.sort(key=lambda m: not hasattr(m, "detections_per_img"))
+    for mod in mods:
+        score = getattr(mod, "score_thresh", None)
+        if isinstance(score, (int, float)):
+            nms = getattr(mod, "nms_thresh", None)
+            top = getattr(mod, "detections_per_img", None)
+            return DetectionParams(float(score), float(nms) if isinstance(nms, (int, float)) else None,
+                                   int(top) if isinstance(top, int) else None)
+    return DetectionParams()
+
+
+def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU of every box in ``a`` [N,4] with every box in ``b`` [M,4] (x1, y1, x2, y2)."""
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    area_a = np.clip(a[:, 2] - a[:, 0], 0, None) * np.clip(a[:, 3] - a[:, 1], 0, None)
+    area_b = np.clip(b[:, 2] - b[:, 0], 0, None) * np.clip(b[:, 3] - b[:, 1], 0, None)
+    lt = np.maximum(a[:, None, :2], b[None, :, :2])
+    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    wh = np.clip(rb - lt, 0, None)
+    inter = wh[..., 0] * wh[..., 1]
+    union = area_a[:, None] + area_b[None, :] - inter
+    with np.errstate(invalid="ignore", divide="ignore"):
+        iou = np.where(union > 0, inter / union, 0.0)
+    return iou
+
+
+@dataclass(frozen=True)
+class DetectionMatch:
+    """PyTorch's detections against ONNX Runtime's: pairs, and the ones left over on either side."""
+
+    matched: int
+    borderline: int  # unpaired, but near the score threshold, the top-k cut or an NMS tie
+    unmatched: int  # unpaired and none of those: a real difference
+    box_err: float
+    score_err: float
+    passed: bool
+
+    def to_dict(self) -> dict:
+        return {"compare": "detections", "matched": self.matched, "borderline": self.borderline,
+                "unmatched": self.unmatched, "box_err": finite(self.box_err), "score_err": finite(self.score_err)}
+
+
+def _pairs(iou: np.ndarray, same: np.ndarray, scores_ok: np.ndarray, iou_min: float) -> list[tuple[int, int]]:
+    cand = np.where(same & scores_ok & (iou >= iou_min), iou, -1.0)
+    pairs: list[tuple[int, int]] = []
+    used_r: set[int] = set()
+    used_g: set[int] = set()
+    for flat in np.argsort(-cand, axis=None):
+        i, j = np.unravel_index(flat, cand.shape)
+        if cand[i, j] < 0:
+            break
+        if i not in used_r and j not in used_g:
+            pairs.append((int(i), int(j)))
+            used_r.add(int(i))
+            used_g.add(int(j))
+    return pairs
+
+
+def _borderline(k: int, own: tuple, other: tuple, margin: float, params: DetectionParams) -> bool:
+    """Whether detection ``k`` of ``own`` (boxes, scores, labels) may come and go with rounding alone."""
+    boxes, scores, labels = own
+    o_boxes, o_scores, o_labels = other
+    s = float(scores[k])
+    if params.score_thresh is not None and abs(s - params.score_thresh) <= margin:
+        return True
+    full = params.max_detections is not None and max(len(scores), len(o_scores)) >= params.max_detections
+    if full and len(o_scores) and s <= float(o_scores.min()) + margin:
+        return True  # at the top-k cut: a tie decides which of the last ones are kept
+    nms = params.nms_thresh if params.nms_thresh is not None else 0.5
+    if len(o_boxes):
+        near = (o_labels == labels[k]) & (np.abs(o_scores - s) <= margin)
+        if near.any() and (box_iou(boxes[k:k + 1], o_boxes[near]) > nms - 0.01).any():
+            return True  # an NMS tie: the other side kept an overlapping box of (nearly) the same score
+    same = (labels == labels[k]) & (np.arange(len(labels)) != k) & (scores >= s - margin)
+    if same.any():
+        ious = box_iou(boxes[k:k + 1], boxes[same])
+        if (np.abs(ious - nms) <= 0.02).any():
+            return True  # survived NMS by a hair
+    return False
+
+
+def match_detections(ref: dict[str, np.ndarray], got: dict[str, np.ndarray], tol: Tolerance,
+                     params: DetectionParams) -> DetectionMatch:
+    """Pair detections (same label, IoU ≥ 0.9 — 0.75 at reduced precision —, score within 10× the tolerance); every unpaired one must be
+    borderline (see :func:`_borderline`) for the case to pass."""
+    def parts(d: dict[str, np.ndarray]) -> tuple:
+        boxes = np.asarray(d["boxes"], dtype=np.float64).reshape(-1, 4)
+        scores = np.asarray(d["scores"], dtype=np.float64).reshape(-1)
+        labels = np.asarray(d["labels"]).reshape(-1) if "labels" in d else np.zeros(len(scores), dtype=np.int64)
+        return boxes, scores, labels
+
+    r, g = parts(ref), parts(got)
+    iou = box_iou(r[0], g[0])
+    same = r[2][:, None] == g[2][None, :]
+    s_bound = tol.atol + tol.rtol * np.abs(r[1])[:, None]
+    scores_ok = np.abs(r[1][:, None] - g[1][None, :]) <= 10 * s_bound
+    pairs = _pairs(iou, same, scores_ok, 0.9 if tol.rtol <= 2e-3 else 0.75)
+    box_err = max((float(np.abs(r[0][i] - g[0][j]).max()) for i, j in pairs), default=0.0)
+    score_err = max((abs(float(r[1][i] - g[1][j])) for i, j in pairs), default=0.0)
+    margin = max(10 * score_err, 10 * (tol.atol + tol.rtol * (params.score_thresh or 0.0)))
+    left_r = [i for i in range(len(r[1])) if i not in {p[0] for p in pairs}]
+    left_g = [j for j in range(len(g[1])) if j not in {p[1] for p in pairs}]
+    border = sum(_borderline(i, r, g, margin, params) for i in left_r) + \
+        sum(_borderline(j, g, r, margin, params) for j in left_g)
+    unmatched = len(left_r) + len(left_g) - border
+    return DetectionMatch(len(pairs), border, unmatched, box_err, score_err, unmatched == 0)
+
+
+# --------------------------------------------------------------------------- topk and cosine
+
+
+def topk_agreement(ref: np.ndarray, got: np.ndarray, tol: Tolerance, k: int = 5) -> dict:
+    """Top-1 and top-k agreement over the last axis; a disagreement between scores tied within the tolerance
+    does not count."""
+    if ref.shape != got.shape or ref.ndim == 0 or ref.shape[-1] < 2:
+        return {"compare": "topk", "passed": False, "top1_agree": 0.0, "topk_agree": 0.0, "k": k}
+    r = ref.reshape(-1, ref.shape[-1]).astype(np.float64)
+    g = got.reshape(-1, got.shape[-1]).astype(np.float64)
+    k = min(k, r.shape[1])
+    top1 = topk = 0
+    for rr, gg in zip(r, g):
+        order = np.argsort(-rr, kind="stable")
+        bound = tol.atol + tol.rtol * abs(rr[order[0]])
+        g1 = int(np.argmax(gg))
+        top1 += g1 == order[0] or rr[order[0]] - rr[g1] <= bound
+        kth = rr[order[k - 1]]
+        want = set(order[:k].tolist())
+        have = set(np.argsort(-gg, kind="stable")[:k].tolist())
+        topk += all(abs(rr[i] - kth) <= tol.atol + tol.rtol * abs(kth) for i in want ^ have)
+    n = len(r)
+    return {"compare": "topk", "k": k, "top1_agree": top1 / n, "topk_agree": topk / n,
+            "passed": top1 == n and topk == n}
+
+
+def cosine_agreement(ref: np.ndarray, got: np.ndarray, tol: Tolerance) -> dict:
+    """Per-row cosine similarity over the last axis; passes when the lowest is ≥ 1 − 10·rtol²."""
+    if ref.shape != got.shape or ref.size == 0:
+        return {"compare": "cosine", "passed": False, "min_cosine": None}
+    r = ref.reshape(-1, ref.shape[-1] if ref.ndim else 1).astype(np.float64)
+    g = got.reshape(r.shape).astype(np.float64)
+    nr, ng = np.linalg.norm(r, axis=1), np.linalg.norm(g, axis=1)
+    both_zero = (nr == 0) & (ng == 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cos = np.where(both_zero, 1.0, (r * g).sum(1) / (nr * ng))
+    worst = float(np.nan_to_num(cos, nan=-1.0).min())
+    return {"compare": "cosine", "min_cosine": worst, "passed": worst >= 1.0 - max(10 * tol.rtol ** 2, 1e-6)}
