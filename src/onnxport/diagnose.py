@@ -349,7 +349,7 @@ def lost_control_flow(result, loaded: LoadedModel) -> list[Diagnostic]:
         "control-flow-frozen",
         f"no export strategy kept the control flow{f' at {Path(file).name}:{line}' if file else ''}: the "
         f"{chosen.exporter} export {chosen.frozen}; tried {strategies}",
-        module=label(loaded, module),
+        module=label(loaded, module), source=(file, line) if file else None,
         hint=_smallest_change(file, line, refusal) if file else
         "rewrite the branch or loop with tensor ops (torch.where, masking) or torch.cond",
     )]

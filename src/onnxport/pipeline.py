@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from onnxport import diagnose, optimize, report, runtime
+from onnxport import diagnose, optimize, report, rootcause, runtime
 from onnxport.bench import run as bench_run
 from onnxport.bench import sizes_at
 from onnxport.core.diagnostics import Diagnostic, error, warning
@@ -156,6 +156,7 @@ def _run_stages(loaded: LoadedModel, out: Path, work: Path, *, exporter: str, op
         diags.extend(diagnose.enrich(list(e.diagnostics), loaded, ()))
         diags.extend(diagnose.explain_attempts(e.attempts, loaded, failed=True))
         diags.append(error("export-failed", e.message, hint=e.hint))
+        diags = rootcause.rank(diags)
         return _write(Outcome(loaded, command, tuple(diags), dict(timings), attempts=e.attempts, log=log_name), out)
     timings["export"] = time.perf_counter() - t
     explained = diagnose.explain_attempts(result.attempts, loaded, failed=False)
@@ -259,6 +260,7 @@ def _check_and_compare(loaded: LoadedModel, result: ExportResult, diags: list[Di
                 f"(up to {invariance.max_abs_diff:.3g}, row {invariance.worst_row})",
                 hint="the graph mixes rows (a batch statistic, a reduction over axis 0): do not batch requests "
                      "to it; onnxport serve runs each request alone"))
+    diags = rootcause.rank(diags, parity, divergence)
     return Outcome(loaded, command, tuple(diags), dict(timings), export=result, check=checked, parity=parity,
                    batch_invariance=invariance if invariance is not None and invariance.applicable else None,
                    branches=tuple(sites), placement=placed, divergence=divergence,

@@ -183,6 +183,7 @@ def _print_diagnostics(rep: dict, out: Path) -> None:
     for d in rep["diagnostics"]:
         color = {"error": "red", "warning": "yellow"}.get(d["severity"], "blue")
         where = escape(f" [{d['module']}]") if d.get("module") else ""
-        err.print(f"[{color}]{d['severity']}[/] {d['code']}{where}: {escape(d['message'])}", markup=True)
-        if d.get("hint") and d["severity"] != "info":
+        lead = "  ↳ " if d.get("follows_from") else ""  # a consequence, listed under its root cause
+        err.print(f"{lead}[{color}]{d['severity']}[/] {d['code']}{where}: {escape(d['message'])}", markup=True)
+        if d.get("hint") and d["severity"] != "info" and not d.get("follows_from"):
             err.print(f"    hint: {d['hint']}")

@@ -16,6 +16,7 @@ class Diagnostic:
     node: str | None = None
     hint: str | None = None
     source: tuple[str, int] | None = None  # the user's (file, line) it points at; not part of the report
+    follows_from: str | None = None  # the code of the root cause this one is a consequence of
 
     def to_dict(self) -> dict:
         out = asdict(self)

@@ -52,6 +52,12 @@ def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | N
     results = [_run_case(loaded, sess, feed, case, tolerance, onnx_outputs, by_name) for case in cases]
     results = [replace(r, sizes=dict(c.sizes)) for c, r in zip(cases, results)]
     checks = _prove_dims(loaded, dim_checks, cases, results)
+    alone = _alone_cases(loaded, checks, cases, results)
+    if alone:  # a dim unproven only because every case that changed it also changed another: change it alone
+        cases = [*cases, *alone]
+        results += [replace(_run_case(loaded, sess, feed, c, tolerance, onnx_outputs, by_name), sizes=dict(c.sizes))
+                    for c in alone]
+        checks = _prove_dims(loaded, dim_checks, cases, results)
     passed = bool(results) and all(r.passed for r in results) and all(d.proven for d in checks)
     failed = [r for r in results if not r.passed]
     if failed:
@@ -116,6 +122,25 @@ def _run_case(loaded: LoadedModel, sess, feed: FeedMap, case: Case, tolerance: T
     per_out, worst_abs, worst_rel, ok, problems = judge(loaded, pairs, tolerance)
     return CaseResult(case.label, shapes, case.values, worst_abs, worst_rel, ok, "; ".join(problems) or None,
                       per_out, time.perf_counter() - t0, failure=None if ok else Failure.MISMATCH)
+
+
+def _alone_cases(loaded: LoadedModel, checks: tuple[DimCheck, ...], cases: list[Case],
+                 results: list[CaseResult]) -> list[Case]:
+    """For each unproven symbolic dim, cases that change that dim alone (the others at a size that passed), so
+    that one baked-in size does not leave every other dim unproven too."""
+    base = next((c for c, r in zip(cases, results) if r.passed and c.values == "random"), None)
+    if base is None or len(loaded.dims) < 2:
+        return []
+    extra: list[Case] = []
+    for d in checks:
+        dim = loaded.dims.get(d.symbol)
+        if not d.symbolic or d.proven or dim is None or d.symbol not in base.sizes:
+            continue
+        for size in dict.fromkeys((dim.min, dim.max, (dim.min + dim.max) // 2 | 1)):
+            if size != base.sizes[d.symbol] and dim.min <= size <= dim.max:
+                extra.append(Case(f"{d.symbol} alone at {size}", {**base.sizes, d.symbol: size}, "random",
+                                  100 + len(extra)))
+    return extra[:8]
 
 
 def _prove_dims(loaded: LoadedModel, dim_checks: tuple[DimCheck, ...], cases: list[Case],

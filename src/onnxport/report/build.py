@@ -139,8 +139,12 @@ def summary_sentence(rep: dict) -> str:
     """The verdict in one sentence."""
     status = rep["status"]
     if status == "export_failed":
-        errs = [a["error"] for a in rep["export"]["attempts"] if a.get("error")]
-        return "Export failed: " + (errs[-1] if errs else "no exporter produced a model") + "."
+        root = next((d for d in rep["diagnostics"] if d["severity"] == "error" and d["code"] != "export-failed"),
+                    None)  # the ranked root cause (rootcause.rank), not the last strategy's shrug
+        errs = [a["error"] for a in rep["export"]["attempts"] if a.get("error")
+                and not a["error"].startswith("not applicable")]
+        reason = root["message"] if root else errs[0] if errs else "no exporter produced a model"
+        return "Export failed: " + reason.rstrip(".") + "."
     val = rep.get("validation") or {}
     cases = val.get("cases", [])
     n_ok = sum(c["passed"] for c in cases)
