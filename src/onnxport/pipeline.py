@@ -15,8 +15,8 @@ from typing import Any
 from onnxport import diagnose, optimize, report, rootcause, runtime
 from onnxport.bench import run as bench_run
 from onnxport.bench import sizes_at
-from onnxport.core.diagnostics import Diagnostic, error, warning
-from onnxport.core.errors import ExportFailed, UsageError
+from onnxport.core.diagnostics import Diagnostic, error, info, warning
+from onnxport.core.errors import ConstrainedDims, ExportFailed, UsageError
 from onnxport.core.logs import Progress, noop
 from onnxport.core.onnxfile import external_data_files, move_model, read_graph
 from onnxport.core.records import FP32, ExportResult, Failure, Tolerance
@@ -100,12 +100,13 @@ def run_pipeline(source: str, out: str | Path, *, inputs=None, dims=None, model_
               trust_remote_code: bool = False, command: str | None = None, progress: Progress = noop,
               bench: dict | None = None, variants: str | Sequence[str] | None = None, seq: int | None = None,
               custom_op_libraries: Sequence[str | Path] = (), device: str = "cpu", log_name: str | None = None,
-              budget: float | None = None, compare: Sequence[str] | dict[str, str] | None = None) -> dict:
+              budget: float | None = None, compare: Sequence[str] | dict[str, str] | None = None,
+              working_sizes: bool = False) -> dict:
     """Load ``source`` and run every stage into ``out`` (see :mod:`onnxport.api` for the arguments)."""
     use_runtime(custom_op_libraries, device)
     with _loaded_into(out, force, source, progress, seq, inputs=inputs, dims=dims, model_args=model_args,
                       weights=weights, task=task, trust_remote_code=trust_remote_code,
-                      compare=compare) as (loaded, out, timings):
+                      compare=compare, working_sizes=working_sizes) as (loaded, out, timings):
         work = Path(tempfile.mkdtemp(prefix=".onnxport-", dir=out))
         try:
             return _run_stages(loaded, out, work, exporter=exporter, opset=opset, tolerance=tolerance,
@@ -291,13 +292,26 @@ def _as_dims(dims: Sequence[str | Dim] | None) -> list[Dim]:
 def load_model(source: str, *, inputs: Sequence[str | InputSpec] | None = None,
                dims: Sequence[str | Dim] | None = None, model_args: dict | str | None = None,
                weights: str | None = None, task: str | None = None, trust_remote_code: bool = False,
-               compare: Sequence[str] | dict[str, str] | None = None) -> LoadedModel:
+               compare: Sequence[str] | dict[str, str] | None = None, working_sizes: bool = False) -> LoadedModel:
     """Load a model source (the SOURCE forms of the README) into a LoadedModel; ``compare``: how parity judges
-    some outputs (``NAME=KIND`` strings or a dict, see :mod:`onnxport.prove.compare`)."""
+    some outputs (``NAME=KIND`` strings or a dict, see :mod:`onnxport.prove.compare`); ``working_sizes``: when
+    the model runs at some sizes of a dim only, keep those sizes (else that is a ConstrainedDims error)."""
     rules = compare if isinstance(compare, dict) else judging.parse_rules(compare)  # a typo fails before the load
     args = parse_model_args(model_args) if isinstance(model_args, str) else (model_args or {})
-    loaded = load(source, inputs=_as_specs(inputs), dims=_as_dims(dims), model_args=args, weights=weights,
-                  task=task, trust_remote_code=trust_remote_code)
+    declared = _as_dims(dims)
+    kw = dict(inputs=_as_specs(inputs), model_args=args, weights=weights, task=task,
+              trust_remote_code=trust_remote_code)
+    try:
+        loaded = load(source, dims=declared, **kw)
+    except ConstrainedDims as e:
+        if not working_sizes:
+            raise
+        kept = {d.symbol: d for d in declared}
+        kept.update({sym: Dim(sym, runs[0], runs[-1], sizes=runs) for sym, (runs, _) in e.probed.items()})
+        loaded = load(source, dims=list(kept.values()), **kw)
+        note = info("dim-constrained", f"{e.message}; proven at the sizes that run (--working-sizes)",
+                    hint="the ONNX model is proven at these sizes only: feed it those")
+        loaded = dataclasses.replace(loaded, diagnostics=(*loaded.diagnostics, note))
     return judging.resolve(loaded, rules)
 
 
@@ -308,7 +322,7 @@ def compare_file(source: str, onnx_path: str | Path, out: str | Path, *, inputs=
                  variants: str | Sequence[str] | None = None, seq: int | None = None,
                  custom_op_libraries: Sequence[str | Path] = (), device: str = "cpu",
                  log_name: str | None = None, budget: float | None = None,
-                 compare: Sequence[str] | dict[str, str] | None = None) -> dict:
+                 compare: Sequence[str] | dict[str, str] | None = None, working_sizes: bool = False) -> dict:
     """Prove any ONNX file (exported by onnxport or not) against the PyTorch model; localize a divergence."""
     use_runtime(custom_op_libraries, device)
     onnx_path = Path(onnx_path)
@@ -317,7 +331,7 @@ def compare_file(source: str, onnx_path: str | Path, out: str | Path, *, inputs=
         read_graph(extra)
     with _loaded_into(out, force, source, progress, seq, inputs=inputs, dims=dims, model_args=model_args,
                       weights=weights, task=task, trust_remote_code=trust_remote_code,
-                      compare=compare) as (loaded, out, timings):
+                      compare=compare, working_sizes=working_sizes) as (loaded, out, timings):
         if onnx_path.resolve().parent == out.resolve() and onnx_path.name in RESULT_FILES:
             raise UsageError("the ONNX file lies in --out, where results are written", "choose another --out")
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)

@@ -31,6 +31,15 @@ class UsageError(OnnxportError):
     exit_code = EXIT_USAGE
 
 
+class ConstrainedDims(UsageError):
+    """The model runs at some sizes of a dynamic dim only (exit 2). ``probed`` maps each such dim's symbol to
+    (sizes that ran, sizes that failed), so a caller can prove at the sizes that run when the user agrees."""
+
+    def __init__(self, message: str, hint: str, probed: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]) -> None:
+        super().__init__(message, hint, code="dim-constrained")
+        self.probed = probed
+
+
 class SourceError(UsageError):
     """The model source cannot be loaded (exit 2)."""
 

@@ -51,6 +51,7 @@ def make_inputs(specs: tuple[InputSpec, ...], sizes: dict[str, int], values: str
             t = _mask(shape, values, g).to(dtype)
         elif not dtype.is_floating_point:
             lo, hi = s.value_range or (0, 9)
+            hi = sizes[hi] if isinstance(hi, str) else hi  # {1..seq}: at most the size of seq in this case
             t = torch.randint(lo, hi + 1, shape, generator=g, dtype=torch.int64)
             if values == "edge" and t.numel():
                 t = _edge_ints(t, lo, hi)
@@ -112,6 +113,7 @@ def validation_cases(dims: dict[str, Dim], max_cases: int = 8) -> list[Case]:
             cases.append(Case(f"max {s} only", mixed, "random", 6 + len(cases)))
     unique: list[Case] = []
     seen: set[tuple] = set()
+    cases = [Case(c.label, {k: dims[k].snap(v) for k, v in c.sizes.items()}, c.values, c.seed) for c in cases]
     for c in cases:
         key = (tuple(sorted(c.sizes.items())), c.values)
         if key not in seen:

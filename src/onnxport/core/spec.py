@@ -18,20 +18,22 @@ _SUPPORTED = {"float32", "float16", "float64", "bfloat16", "int64", "int32", "in
 
 _INPUT_RE = re.compile(
     r"^\s*(?P<name>[^:\s\[\]{}]+)\s*:\s*(?P<dtype>[A-Za-z0-9_]+)\s*\[(?P<dims>[^\]]*)\]\s*"
-    r"(?:\{\s*(?P<lo>-?\d+)\s*\.\.\s*(?P<hi>-?\d+)\s*\})?\s*$"
+    r"(?:\{\s*(?P<lo>-?\d+)\s*\.\.\s*(?P<hi>-?\d+|[A-Za-z_][A-Za-z0-9_]*)\s*\})?\s*$"
 )
 _DIM_RE = re.compile(r"^\s*(?P<sym>[A-Za-z_][A-Za-z0-9_]*)\s*=\s*(?P<lo>\d+)\s*\.\.\s*(?P<hi>\d+)\s*$")
+_SIZES_RE = re.compile(r"^\s*(?P<sym>[A-Za-z_][A-Za-z0-9_]*)\s*=\s*(?P<sizes>\d+(?:\s*,\s*\d+)+)\s*$")
 _SYMBOL_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
 class InputSpec:
-    """One model input: ONNX name, dtype, shape (ints or symbols) and optional value range."""
+    """One model input: ONNX name, dtype, shape (ints or symbols) and optional value range, whose upper end
+    may be a dim's symbol (``lengths:int64[batch]{1..seq}``: each value at most the size of seq)."""
 
     name: str
     dtype: str
     shape: tuple[int | str, ...]
-    value_range: tuple[int, int] | None = None
+    value_range: tuple[int, int | str] | None = None
 
     @property
     def symbols(self) -> list[str]:
@@ -45,15 +47,28 @@ class InputSpec:
 
 @dataclass(frozen=True)
 class Dim:
-    """A dynamic dimension: symbol, inclusive range and the size used for export."""
+    """A dynamic dimension: symbol, inclusive range and the size used for export; ``sizes`` lists the only
+    sizes it takes when the model accepts some sizes of the range only (``n=4,9,16,64``)."""
 
     symbol: str
     min: int
     max: int
     example: int | None = field(default=None)
+    sizes: tuple[int, ...] | None = None
 
     def __str__(self) -> str:
+        if self.sizes:
+            return f"{self.symbol}={','.join(map(str, self.sizes))}"
         return f"{self.symbol}={self.min}..{self.max}"
+
+    def allows(self, n: int) -> bool:
+        return self.min <= n <= self.max and (self.sizes is None or n in self.sizes)
+
+    def snap(self, n: int) -> int:
+        """The allowed size nearest ``n`` (ties to the larger)."""
+        if self.sizes is None:
+            return min(max(n, self.min), self.max)
+        return min(self.sizes, key=lambda s: (abs(s - n), -s))
 
 
 def normalize_dtype(text: str) -> str:
@@ -70,7 +85,8 @@ def normalize_dtype(text: str) -> str:
 
 
 def parse_input(text: str) -> InputSpec:
-    """Parse ``NAME:DTYPE[d0,d1,...]`` with an optional ``{LO..HI}`` integer value range."""
+    """Parse ``NAME:DTYPE[d0,d1,...]`` with an optional ``{LO..HI}`` integer value range (HI a number or a
+    dim's symbol)."""
     m = _INPUT_RE.match(text)
     if not m:
         raise UsageError(
@@ -92,14 +108,14 @@ def parse_input(text: str) -> InputSpec:
             )
     rng = None
     if m["lo"] is not None:
-        lo, hi = int(m["lo"]), int(m["hi"])
-        if lo > hi:
+        lo, hi = int(m["lo"]), (m["hi"] if _SYMBOL_RE.match(m["hi"]) else int(m["hi"]))
+        if isinstance(hi, int) and lo > hi:
             raise UsageError(f"empty value range {{{lo}..{hi}}} in --input '{text}'", "write {LO..HI} with LO <= HI")
         if not (dtype.startswith("int") or dtype.startswith("uint")):
             raise UsageError(f"a value range is only allowed for integer inputs, not {dtype} ('{text}')",
                              "drop the {LO..HI} part or use an integer dtype")
         info = np.iinfo(np.dtype(dtype))
-        if lo < info.min or hi > info.max:
+        if lo < info.min or (hi if isinstance(hi, int) else lo) > info.max:
             raise UsageError(f"value range {{{lo}..{hi}}} does not fit {dtype} ({info.min}..{info.max}) in '{text}'",
                              "narrow the range or use a wider integer dtype")
         rng = (lo, hi)
@@ -107,10 +123,17 @@ def parse_input(text: str) -> InputSpec:
 
 
 def parse_dim(text: str) -> Dim:
-    """Parse ``SYMBOL=MIN..MAX``."""
+    """Parse ``SYMBOL=MIN..MAX``, or ``SYMBOL=A,B,C`` for a dim that takes those sizes only."""
+    listed = _SIZES_RE.match(text)
+    if listed:
+        sizes = tuple(sorted({int(x) for x in listed["sizes"].split(",")}))
+        if sizes[0] < 1:
+            raise UsageError(f"--dim '{text}' allows size {sizes[0]}", "dimensions start at 1")
+        return Dim(listed["sym"], sizes[0], sizes[-1], sizes=sizes)
     m = _DIM_RE.match(text)
     if not m:
-        raise UsageError(f"malformed --dim '{text}'", "write SYMBOL=MIN..MAX, e.g. 'seq=1..512'")
+        raise UsageError(f"malformed --dim '{text}'",
+                         "write SYMBOL=MIN..MAX, e.g. 'seq=1..512' (or the sizes it takes, e.g. 'n=4,9,16')")
     lo, hi = int(m["lo"]), int(m["hi"])
     if lo > hi:
         raise UsageError(f"empty range in --dim '{text}'", "write SYMBOL=MIN..MAX with MIN <= MAX")
@@ -136,6 +159,11 @@ def merge_dims(specs: list[InputSpec], declared: list[Dim], defaults: dict[str, 
         for sym in s.symbols:
             if sym not in used:
                 used.append(sym)
+    for s in specs:
+        hi = s.value_range[1] if s.value_range else None
+        if isinstance(hi, str) and hi not in used:
+            raise UsageError(f"the value range of '{s}' names {hi}, which no input uses as a dim",
+                             f"bound the values by a dim of an input (one of: {', '.join(used) or 'none'}) or a number")
     unknown = sorted(set(declared_by_sym) - set(used))
     if unknown:
         raise UsageError(
@@ -152,6 +180,11 @@ def merge_dims(specs: list[InputSpec], declared: list[Dim], defaults: dict[str, 
     for sym in sorted(used, key=lambda s: bases[s].max - bases[s].min):  # narrowest range chooses first
         sized[sym] = replace(bases[sym], example=_export_size(bases[sym], taken))
         taken.add(sized[sym].example)
+    for s in specs:
+        lo, hi = s.value_range or (0, 0)
+        if isinstance(hi, str) and lo > sized[hi].min:
+            raise UsageError(f"the value range of '{s}' is empty when {hi}={sized[hi].min}",
+                             f"start the range at most at {sized[hi].min}, or raise the minimum of {hi} with --dim")
     return {sym: sized[sym] for sym in used}
 
 
@@ -172,9 +205,9 @@ def _export_size(dim: Dim, taken: set[int]) -> int:
     want = min(max(want, dim.min, 2), dim.max) if dim.max >= 2 else dim.max
     for delta in range(0, dim.max - dim.min + 1):
         for cand in (want + delta, want - delta):
-            if dim.min <= cand <= dim.max and cand >= 2 and cand not in taken:
+            if dim.allows(cand) and cand >= 2 and cand not in taken:
                 return cand
-    return want
+    return dim.snap(want)
 
 
 def spec_from_array(name: str, array: np.ndarray, symbols: dict[int, str] | None = None) -> InputSpec:

@@ -3,13 +3,14 @@ sizes, the LoadedModel built."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from torch import nn
 
 from onnxport.core.diagnostics import Diagnostic
-from onnxport.core.errors import SourceError, UsageError
+from onnxport.core.errors import ConstrainedDims, SourceError, UsageError
 from onnxport.core.samples import export_sizes, make_inputs
 from onnxport.core.spec import Dim, InputSpec, merge_dims
 from onnxport.sources.base import (
@@ -54,6 +55,7 @@ def finish(source: str, name: str, kind: str, model: nn.Module, specs: list[Inpu
         first = " ".join(str(e).split())[:300]
         if isinstance(e, IndexError) and "index out of range" in first:
             raise _out_of_range(model, spec_t) from None
+        _raise_if_constrained(flat, spec_t, resolved, list(resolved))
         raise UsageError(
             f"the model fails on the example inputs ({', '.join(str(s) for s in spec_t)}): {type(e).__name__}: {first}",
             "check --input names, dtypes and fixed sizes against forward(), and --dim ranges",
@@ -82,14 +84,15 @@ def _preflight(flat: nn.Module, specs: tuple[InputSpec, ...], dims: dict[str, Di
     """Vary each dynamic dim once at a small size: a dim the model cannot vary is a usage error."""
     base = export_sizes(dims)
     for sym, d in dims.items():
-        if d.min == d.max:
+        alt = next((n for n in (d.min, base[sym] + 1, d.max) if n != base[sym] and d.allows(n)), None)
+        if alt is None:
             continue
-        alt = d.min if d.min != base[sym] else min(base[sym] + 1, d.max)
         sizes = dict(base, **{sym: alt})
         try:
             with torch.inference_mode():
                 flat(*make_inputs(specs, sizes, seed=0))
         except Exception as e:  # noqa: BLE001
+            _raise_if_constrained(flat, specs, dims, [sym])
             first = " ".join(str(e).split())[:200]
             where = ", ".join(f"'{s.name}' axis {s.shape.index(sym)}" for s in specs if sym in s.shape)
             raise UsageError(
@@ -97,6 +100,76 @@ def _preflight(flat: nn.Module, specs: tuple[InputSpec, ...], dims: dict[str, Di
                 f"but runs with {sym}={base[sym]} ({type(e).__name__}: {first})",
                 f"give that axis a fixed size in --input (e.g. {base[sym]}) or narrow the range with --dim",
             ) from None
+
+
+PROBES = 64  # sizes tried per dim when the model fails at some
+
+
+def _candidates(d: Dim) -> list[int]:
+    """Sizes to probe in ``d``'s range: all of a small range; else the small ones, squares, powers of two,
+    multiples of 8 and the top."""
+    if d.max - d.min < PROBES:
+        return list(range(d.min, d.max + 1))
+    pool = set(range(d.min, d.min + 12)) | {d.max, d.max - 1}
+    pool |= {k * k for k in range(1, int(d.max ** 0.5) + 1)} | {2 ** k for k in range(d.max.bit_length())}
+    pool |= {8 * k for k in range(1, 9)}
+    pool |= {d.min + (d.max - d.min) * k // 8 for k in range(9)}
+    return sorted(n for n in pool if d.min <= n <= d.max)[:PROBES]
+
+
+def _runs(flat: nn.Module, specs: tuple[InputSpec, ...], sizes: dict[str, int]) -> bool:
+    try:
+        with torch.inference_mode():
+            flat(*make_inputs(specs, sizes, seed=0))
+        return True
+    except Exception:  # noqa: BLE001 - probing: any failure means "does not run at these sizes"
+        return False
+
+
+def _pattern(runs: tuple[int, ...], fails: tuple[int, ...]) -> str:
+    """A name for the sizes that run, when one fits every probe."""
+    tried = sorted(runs + fails)
+    for name, test in (("perfect squares", lambda n: math.isqrt(n) ** 2 == n),
+                       ("powers of two", lambda n: n & (n - 1) == 0)):
+        if all(test(n) == (n in runs) for n in tried):
+            return f" ({name})"
+    step = math.gcd(*runs)
+    if step > 1 and all((n % step == 0) == (n in runs) for n in tried):
+        return f" (multiples of {step})"
+    return ""
+
+
+def _raise_if_constrained(flat: nn.Module, specs: tuple[InputSpec, ...], dims: dict[str, Dim],
+                          suspects: list[str]) -> None:
+    """Probe each suspect dim over its range (the others at a size that runs): when some sizes run and some
+    fail, raise ConstrainedDims with both lists. Returns when no dim explains the failure."""
+    base = export_sizes(dims)
+    probed: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+    for _ in range(2):  # a second pass once the first found sizes that run for the other dims
+        for sym in suspects:
+            d = dims[sym]
+            if d.min == d.max or d.sizes:
+                continue
+            results = {n: _runs(flat, specs, {**base, sym: n}) for n in _candidates(d)}
+            runs = tuple(n for n, ok in results.items() if ok)
+            fails = tuple(n for n, ok in results.items() if not ok)
+            if len(runs) >= 2 and fails:  # one size only: the dim cannot vary (the caller says so)
+                probed[sym] = (runs, fails)
+                if base[sym] not in runs:
+                    base[sym] = min((n for n in runs if n >= 2), key=lambda n: abs(n - base[sym]), default=runs[0])
+        if probed and _runs(flat, specs, base):
+            break
+    if not probed:
+        return
+    parts = []
+    for sym, (runs, fails) in probed.items():
+        shown = ", ".join(map(str, runs[:10])) + (", …" if len(runs) > 10 else "")
+        bad = ", ".join(map(str, fails[:8])) + (", …" if len(fails) > 8 else "")
+        parts.append(f"{sym}: runs at {shown}; fails at {bad}{_pattern(runs, fails)}")
+    example = " ".join(f"-d {sym}={','.join(map(str, runs[:8]))}" for sym, (runs, _) in probed.items())
+    raise ConstrainedDims(f"the PyTorch model runs at some sizes only: {'; '.join(parts)}",
+                          f"pass --working-sizes to prove at the sizes that run, or declare them, e.g. {example}",
+                          probed)
 
 
 def declared_or(inputs: list[InputSpec], default: list[InputSpec]) -> list[InputSpec]:
