@@ -16,6 +16,7 @@ from onnxport.core.errors import ExportFailed, UsageError
 from onnxport.core.logs import captured_output
 from onnxport.core.onnxfile import external_threshold, move_model
 from onnxport.core.records import Attempt, ExportResult
+from onnxport.exporters import controlflow, packed
 from onnxport.exporters.evidence import (
     data_dependent_before,
     evidence_lines,
@@ -48,8 +49,9 @@ def export(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", ops
 
     ``auto`` tries the dynamo exporter, then the TorchScript exporter; when both fail, or the one that worked
     is caught freezing a branch, a loop or a dynamic dim, it goes on with the control-flow strategies (``cond``:
-    the ``if`` as torch.cond, ``script``: torch.jit.script of the modules holding control flow) and keeps the
-    first export that froze nothing (else the first that worked, for parity to judge).
+    the ``if`` as torch.cond, ``script``: torch.jit.script of the modules holding control flow, ``scan``: loops
+    over a dynamic size as torch's scan, tried only when the model's code has such a loop) and keeps the first
+    export that froze nothing (else the first that worked, for parity to judge).
     """
     path = Path(path)
     if exporter not in CHOICES:
@@ -77,6 +79,8 @@ def export(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", ops
                 continue  # one plain export is enough: the other would freeze the same way
             if any(not a.frozen for a, _, _ in done):
                 break
+            if name == "scan" and exporter == "auto" and not controlflow.holds_loop(loaded.model):
+                continue  # no loop in the model's own code for scan to keep
             base = BASE_EXPORTER[name]
             use_opset = min(opset, exporter_max_opset(base)) if opset else default_opset(base)
             target = path.with_name(f".{name}-{path.name}")
@@ -136,7 +140,7 @@ def _attempt(name: str, loaded: LoadedModel, target: Path, opset: int, external:
     frozen = frozen_reason(loaded, written, diags, guards)
     if not frozen and name == "torchscript":
         frozen = data_dependent_before(before)
-    note = "; ".join(d.message for d in diags if d.code == "control-flow-kept") or None
+    note = "; ".join(d.message for d in diags if d.code in ("control-flow-kept", packed.CODE)) or None
     return Attempt(name, True, time.perf_counter() - t0, actual, guards=guards, frozen=frozen, note=note), diags, []
 
 

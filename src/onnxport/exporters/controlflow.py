@@ -1,9 +1,11 @@
 """Control flow that survives export.
 
-Two rewrites of the user's model, each tried as an export strategy when the plain exporters fail or freeze a
-branch: ``cond`` turns a Python ``if`` on a tensor or a dynamic size into ``torch.cond`` (the dynamo exporter
-keeps it as an ONNX ``If``), and ``script`` compiles the modules that hold branches and loops with
-``torch.jit.script`` (the TorchScript exporter keeps them as ``If``/``Loop``; the rest of the model is traced).
+Three rewrites of the user's model, each tried as an export strategy when the plain exporters fail or freeze a
+branch or loop: ``cond`` turns Python branches on a tensor or a dynamic size (``if``/``elif``, early returns,
+conditional expressions; ``conds``) into ``torch.cond`` (the dynamo exporter keeps it as an ONNX ``If``),
+``scan`` also turns loops over a dynamic size into torch's ``scan`` (an ONNX ``Scan``; ``loops``), and
+``script`` compiles the modules that hold branches and loops with ``torch.jit.script`` (the TorchScript
+exporter keeps them as ``If``/``Loop``; the rest of the model is traced).
 """
 
 from __future__ import annotations
@@ -21,18 +23,22 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from onnxport.exporters.conds import Rewriter
+from onnxport.exporters.loops import LoopRewriter
+
 Line = tuple[str, int]  # (file, line) in the user's code
 MAX_SCRIPT_TRIES = 24
 
 
 @dataclass(frozen=True)
 class Rewrite:
-    """One Python ``if`` rewritten as ``torch.cond``: where, and the code that replaces it."""
+    """One Python branch rewritten as ``torch.cond`` (or loop as ``scan``): where, and the code that replaces it."""
 
     module: str  # module path ('' = the model itself)
     file: str
     line: int
     code: str  # the replacement statements, as source
+    kind: str = "if"  # "if" (torch.cond) | "loop" (scan)
 
 
 # --------------------------------------------------------------------------- reading forward()
@@ -62,9 +68,10 @@ def _forward_source(mod: nn.Module) -> tuple[str, int, ast.FunctionDef, object] 
 
 
 def holds_control_flow(mod: nn.Module) -> bool:
-    """Whether ``mod``'s own forward() has an ``if``, ``for`` or ``while`` (user code only)."""
+    """Whether ``mod``'s own forward() has an ``if``, a conditional expression, a ``for`` or a ``while`` (user
+    code only)."""
     src = _forward_source(mod)
-    return src is not None and any(isinstance(n, (ast.If, ast.For, ast.While)) for n in ast.walk(src[2]))
+    return src is not None and any(isinstance(n, (ast.If, ast.IfExp, ast.For, ast.While)) for n in ast.walk(src[2]))
 
 
 def _lines_in(mod: nn.Module, lines: Iterable[Line]) -> set[int]:
@@ -77,75 +84,16 @@ def _lines_in(mod: nn.Module, lines: Iterable[Line]) -> set[int]:
     return {ln - start + 1 for f, ln in lines if same_file(f, file) and start <= ln < end}
 
 
-# --------------------------------------------------------------------------- torch.cond rewrite
+# --------------------------------------------------------------------------- torch.cond / scan rewrite
 
 
-def _returns(stmts: list[ast.stmt]) -> bool:
-    return bool(stmts) and isinstance(stmts[-1], ast.Return) and stmts[-1].value is not None
+def cond_forward(mod: nn.Module, lines: Iterable[Line], loops: bool = False
+                 ) -> tuple[types.FunctionType, list[tuple[int, str, str]]] | None:
+    """``mod``'s forward() with the branches on ``lines`` rewritten to ``torch.cond`` (and with ``loops``, the
+    loops over a dynamic size there to torch's ``scan``).
 
-
-def _assigned(stmts: list[ast.stmt]) -> set[str]:
-    return {n.id for s in stmts for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-
-
-def _branch(name: str, body: list[ast.stmt], outer: set[str]) -> ast.expr | ast.FunctionDef:
-    """A zero-argument callable for one side: a lambda for a lone ``return``, else a nested def. Names the body
-    both reads from the enclosing scope and reassigns become default arguments (no closure mutation)."""
-    if len(body) == 1 and isinstance(body[0], ast.Return):
-        return ast.Lambda(args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[]),
-                          body=body[0].value)
-    rebound = sorted(_assigned(body) & outer)
-    args = ast.arguments(posonlyargs=[], args=[ast.arg(arg=n) for n in rebound], kwonlyargs=[], kw_defaults=[],
-                         defaults=[ast.Name(id=n, ctx=ast.Load()) for n in rebound])
-    return ast.FunctionDef(name=name, args=args, body=body, decorator_list=[], returns=None, type_params=[])
-
-
-def _cond_call(test: ast.expr, true_fn: ast.expr, false_fn: ast.expr) -> ast.Call:
-    return ast.Call(func=ast.Attribute(value=ast.Name(id="torch", ctx=ast.Load()), attr="cond", ctx=ast.Load()),
-                    args=[test, true_fn, false_fn, ast.Tuple(elts=[], ctx=ast.Load())], keywords=[])
-
-
-def _rewrite_body(body: list[ast.stmt], targets: set[int], outer: set[str], done: list[tuple[int, list]]) -> list:
-    """Rewrite the targeted top-level ``if`` statements of ``body``; returns the new body."""
-    out: list[ast.stmt] = []
-    for i, stmt in enumerate(body):
-        if not (isinstance(stmt, ast.If) and targets & set(range(stmt.lineno, (stmt.test.end_lineno or 0) + 1))):
-            out.append(stmt)
-            outer |= _assigned([stmt])
-            continue
-        k = len(done)
-        other = stmt.orelse or body[i + 1:]
-        if _returns(stmt.body) and _returns(other):  # if ...: return A  [else:] return B
-            new: list[ast.stmt] = []
-            sides = []
-            for side, stmts in (("true", stmt.body), ("false", other)):
-                fn = _branch(f"_{side}_branch_{k}", stmts, outer)
-                if isinstance(fn, ast.FunctionDef):
-                    new.append(fn)
-                    sides.append(ast.Name(id=fn.name, ctx=ast.Load()))
-                else:
-                    sides.append(fn)
-            new.append(ast.Return(value=_cond_call(stmt.test, *sides)))
-            done.append((stmt.lineno, new))
-            return out + new
-        one = [s for s in (stmt.body, stmt.orelse) if len(s) == 1 and isinstance(s[0], ast.Assign)]
-        if len(one) == 2 and all(len(s[0].targets) == 1 and isinstance(s[0].targets[0], ast.Name) for s in one) \
-                and one[0][0].targets[0].id == one[1][0].targets[0].id:  # if ...: v = A  else: v = B
-            lam = [_branch("", [ast.Return(value=s[0].value)], outer) for s in one]
-            new_stmt = ast.Assign(targets=[one[0][0].targets[0]], value=_cond_call(stmt.test, *lam), lineno=0)
-            done.append((stmt.lineno, [new_stmt]))
-            out.append(new_stmt)
-            outer.add(one[0][0].targets[0].id)
-            continue
-        out.append(stmt)
-    return out
-
-
-def cond_forward(mod: nn.Module, lines: Iterable[Line]) -> tuple[types.FunctionType, list[tuple[int, str]]] | None:
-    """``mod``'s forward() with the ``if`` statements on ``lines`` rewritten to ``torch.cond``.
-
-    Returns the new function and (line, replacement source) per rewrite, or None when no ``if`` there has the
-    shape torch.cond needs (both sides return, or both assign the same name).
+    Returns the new function and (line, replacement source, "if" | "loop") per rewrite, or None when nothing on
+    those lines has a form the operators take.
     """
     src = _forward_source(mod)
     targets = _lines_in(mod, lines)
@@ -157,31 +105,34 @@ def cond_forward(mod: nn.Module, lines: Iterable[Line]) -> tuple[types.FunctionT
     node = copy.deepcopy(node)
     node.decorator_list = []
     outer = {a.arg for a in node.args.args + node.args.kwonlyargs + node.args.posonlyargs}
-    done: list[tuple[int, list]] = []
-    node.body = _rewrite_body(node.body, targets, outer, done)
-    if not done:
+    outer |= {a.arg for a in (node.args.vararg, node.args.kwarg) if a is not None}
+    rewriter = LoopRewriter(targets, node) if loops else Rewriter(targets)
+    node.body = rewriter.block(node.body, outer)
+    if not rewriter.done:
         return None
     module = ast.fix_missing_locations(ast.Module(body=[node], type_ignores=[]))
+    ast.increment_lineno(module, start - 1)  # the file's own line numbers, for what torch reports from the code
     scope = dict(fn.__globals__)
     scope.setdefault("torch", torch)
     exec(compile(module, file, "exec"), scope)  # noqa: S102 - recompiling the user's own forward()
-    rewrites = [(start + ln - 1, "\n".join(ast.unparse(s) for s in stmts)) for ln, stmts in done]
+    rewrites = [(start + ln - 1, "\n".join(ast.unparse(s) for s in stmts), kind) for ln, stmts, kind in rewriter.done]
     return scope[node.name], rewrites
 
 
-def with_cond(flat: nn.Module, lines: Iterable[Line]) -> tuple[nn.Module, list[Rewrite]]:
-    """A copy of the flat wrapper whose modules' ``if`` statements on ``lines`` are ``torch.cond`` calls."""
+def with_cond(flat: nn.Module, lines: Iterable[Line], loops: bool = False) -> tuple[nn.Module, list[Rewrite]]:
+    """A copy of the flat wrapper whose modules' branches on ``lines`` are ``torch.cond`` calls (and with
+    ``loops``, whose loops over a dynamic size there are ``scan`` calls)."""
     lines = list(lines)
     flat = copy.deepcopy(flat)
     rewrites: list[Rewrite] = []
     for path, mod in flat.model.named_modules():
-        made = cond_forward(mod, lines)
+        made = cond_forward(mod, lines, loops)
         if made is None:
             continue
         fn, where = made
         mod.forward = types.MethodType(fn, mod)
         file = _forward_source(mod)[0]  # type: ignore[index]
-        rewrites += [Rewrite(path, file, ln, code) for ln, code in where]
+        rewrites += [Rewrite(path, file, ln, code, kind) for ln, code, kind in where]
     return flat, rewrites
 
 
@@ -231,7 +182,7 @@ def with_script(flat: nn.Module, lines: Iterable[Line] = ()) -> tuple[nn.Module,
         raise ValueError("the model is TorchScript already; the torchscript exporter keeps its control flow")
     holders = [(p, m) for p, m in root.named_modules() if holds_control_flow(m)]
     if not holders:
-        raise ValueError("no forward() in the model has an if/for/while to keep")
+        raise ValueError("no forward() in the model has an if/for/while or a conditional expression to keep")
     whole = attempt("", root)
     if whole is not None:
         flat.model = whole
@@ -259,12 +210,34 @@ def with_script(flat: nn.Module, lines: Iterable[Line] = ()) -> tuple[nn.Module,
 
 
 def if_lines(model: nn.Module) -> list[Line]:
-    """The line of every top-level ``if`` in the forward() of the model's own (non-torch) modules."""
+    """The line of every branch test (``if``, ``elif``, conditional expression) and of every loop whose range is
+    not a literal, in the forward() of the model's own (non-torch) modules."""
     out: list[Line] = []
     for _, mod in model.named_modules():
         src = _forward_source(mod)
         if src is None:
             continue
         file, start, node, _ = src
-        out += [(file, start + s.lineno - 1) for s in node.body if isinstance(s, ast.If)]
+        for n in ast.walk(node):
+            if isinstance(n, (ast.If, ast.IfExp)):
+                out.append((file, start + n.test.lineno - 1))
+            elif isinstance(n, ast.While) or (isinstance(n, ast.For) and not _literal_range(n.iter)):
+                out.append((file, start + n.lineno - 1))
     return list(dict.fromkeys(out))
+
+
+def holds_loop(model: nn.Module) -> bool:
+    """Whether the forward() of one of the model's own modules has a ``while`` or a ``for`` whose range is not a
+    literal (something ``scan`` could keep)."""
+    for _, mod in model.named_modules():
+        src = _forward_source(mod)
+        if src is not None and any(isinstance(n, ast.While) or (isinstance(n, ast.For) and not _literal_range(n.iter))
+                                   for n in ast.walk(src[2])):
+            return True
+    return False
+
+
+def _literal_range(it: ast.expr) -> bool:
+    """``range(3)``, ``range(1, 4)``: a loop that unrolls the same way at every input size."""
+    return isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range" \
+        and all(isinstance(a, ast.Constant) for a in it.args)

@@ -18,19 +18,20 @@ import torch
 from onnxport.core.diagnostics import Diagnostic, info, warning
 from onnxport.core.onnxfile import save_model
 from onnxport.core.samples import export_sizes, make_inputs
-from onnxport.exporters import controlflow, functions
+from onnxport.exporters import controlflow, functions, packed
 from onnxport.sources.base import LoadedModel
 
 EXPORTERS = ("dynamo", "torchscript")  # the plain exporters, tried first
 
 
-CONTROL_FLOW = ("cond", "script")  # tried by auto when the plain ones fail or freeze a branch or loop
+CONTROL_FLOW = ("cond", "script", "scan")  # tried by auto when the plain ones fail or freeze a branch or loop
 
 
 CHOICES = ("auto", *EXPORTERS, *CONTROL_FLOW)
 
 
-BASE_EXPORTER = {"dynamo": "dynamo", "torchscript": "torchscript", "cond": "dynamo", "script": "torchscript"}
+BASE_EXPORTER = {"dynamo": "dynamo", "torchscript": "torchscript", "cond": "dynamo", "script": "torchscript",
+                 "scan": "dynamo"}
 
 
 def _dim_objects(loaded: LoadedModel) -> tuple:
@@ -50,17 +51,17 @@ def _export_dynamo(loaded: LoadedModel, path: Path, opset: int, external: bool, 
     customs = functions.discover_loaded(loaded)  # autograd.Functions with symbolic(): opaque ops + translations
     torch._logging.set_logs(dynamic=logging.INFO)  # guard log lines name the user code that fixed a shape
     try:
-        with functions.opaque(customs):
+        with functions.opaque(customs), packed.applied(loaded, opset) as rewrite:  # packed sequences: ONNX RNNs
             program = torch.onnx.export(
                 loaded.flat, example, dynamo=True, dynamic_shapes=_dim_objects(loaded),
                 input_names=[s.name for s in loaded.inputs], output_names=list(loaded.output_names),
                 opset_version=opset, optimize=True, verbose=False,
-                custom_translation_table=functions.translation_table(customs, opset) or None,
+                custom_translation_table={**functions.translation_table(customs, opset), **rewrite.table} or None,
             )
     finally:
         torch._logging.set_logs()
     program.save(str(path), external_data=external)
-    return narrowed_dims(loaded, getattr(program, "exported_program", None))
+    return narrowed_dims(loaded, getattr(program, "exported_program", None)) + rewrite.diagnostics
 
 
 def narrowed_dims(loaded: LoadedModel, ep) -> list[Diagnostic]:
@@ -107,13 +108,14 @@ def _export_torchscript(loaded: LoadedModel, path: Path, opset: int, external: b
     dynamic_axes.update(_output_axes(loaded))
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".ts-export-") as tmp:
         raw = Path(tmp) / "raw.onnx"
-        torch.onnx.export(
-            loaded.flat, example, str(raw), dynamo=False, input_names=[s.name for s in loaded.inputs],
-            output_names=list(loaded.output_names), dynamic_axes=dynamic_axes or None, opset_version=opset,
-            do_constant_folding=True,
-        )
+        with packed.applied(loaded, opset, "torchscript") as rewrite:
+            torch.onnx.export(
+                loaded.flat, example, str(raw), dynamo=False, input_names=[s.name for s in loaded.inputs],
+                output_names=list(loaded.output_names), dynamic_axes=dynamic_axes or None, opset_version=opset,
+                do_constant_folding=True,
+            )
         save_model(onnx.load(str(raw)), path, external)
-    return []
+    return rewrite.diagnostics
 
 
 def _output_axes(loaded: LoadedModel) -> dict[str, dict[int, str]]:
@@ -144,17 +146,32 @@ class NotApplicable(Exception):
 
 
 def _export_cond(loaded: LoadedModel, path: Path, opset: int, external: bool, lines=()) -> list[Diagnostic]:
-    """The dynamo exporter after rewriting the Python ``if`` statements that froze as ``torch.cond``."""
+    """The dynamo exporter after rewriting the Python branches (``if``/``elif``, early returns, conditional
+    expressions) that froze as ``torch.cond``."""
+    return _export_rewritten(loaded, path, opset, external, lines, loops=False)
+
+
+def _export_scan(loaded: LoadedModel, path: Path, opset: int, external: bool, lines=()) -> list[Diagnostic]:
+    """The dynamo exporter after rewriting the loops over a dynamic size that froze as torch's ``scan`` (an
+    ONNX Scan), and the branches as ``torch.cond``."""
+    return _export_rewritten(loaded, path, opset, external, lines, loops=True)
+
+
+def _export_rewritten(loaded: LoadedModel, path: Path, opset: int, external: bool, lines, loops: bool
+                      ) -> list[Diagnostic]:
+    what = "loop" if loops else "branch"
     if not lines:
-        raise NotApplicable("no source line of a frozen or failing branch to rewrite")
-    flat, rewrites = controlflow.with_cond(loaded.flat, lines)
-    if not rewrites:
+        raise NotApplicable(f"no source line of a frozen or failing {what} to rewrite")
+    flat, rewrites = controlflow.with_cond(loaded.flat, lines, loops=loops)
+    if not any(r.kind == ("loop" if loops else "if") for r in rewrites):
         where = ", ".join(f"{Path(f).name}:{n}" for f, n in lines[:3])
-        raise NotApplicable(f"no `if` at {where} has a form torch.cond can take (both sides returning, or both "
-                            "assigning the same name)")
+        raise NotApplicable(f"no `for`/`while` at {where} loops over a size in a form scan can take" if loops else
+                            f"no `if` or conditional expression at {where} has a form torch.cond can take (both "
+                            "sides returning, or assigning names)")
     diags = _export_dynamo(dataclasses.replace(loaded, flat=flat, model=flat.model), path, opset, external)
-    return diags + [info("control-flow-kept", f"the `if` at {Path(r.file).name}:{r.line} (module "
-                         f"{r.module or 'the model'}) was exported as torch.cond: `{r.code}`", module=r.module or None,
+    return diags + [info("control-flow-kept", f"the `{'loop' if r.kind == 'loop' else 'if'}` at "
+                         f"{Path(r.file).name}:{r.line} (module {r.module or 'the model'}) was exported as "
+                         f"{'scan' if r.kind == 'loop' else 'torch.cond'}: `{r.code}`", module=r.module or None,
                          hint="write it this way in the model to export it without the rewrite") for r in rewrites]
 
 
@@ -174,4 +191,4 @@ def _export_script(loaded: LoadedModel, path: Path, opset: int, external: bool, 
 
 
 STRATEGIES = {"dynamo": _export_dynamo, "torchscript": _export_torchscript, "cond": _export_cond,
-              "script": _export_script}
+              "script": _export_script, "scan": _export_scan}
