@@ -18,6 +18,7 @@ from onnxport.core.records import Attempt, Divergence
 from onnxport.core.samples import Case, export_sizes, make_inputs
 from onnxport.exporters.controlflow import same_file
 from onnxport.exporters.evidence import DATA_DEPENDENT, SKIP_FILES, evidence_lines, user_line
+from onnxport.exporters.strategies import CONTROL_FLOW
 from onnxport.prove.localize import record_modules
 from onnxport.sources.base import LoadedModel
 
@@ -335,7 +336,7 @@ def lost_control_flow(result, loaded: LoadedModel) -> list[Diagnostic]:
     chosen = next((a for a in result.attempts if a.ok and a.exporter == result.exporter), None)
     if chosen is None or not chosen.frozen:
         return []
-    tried = [a for a in result.attempts if a.exporter in ("cond", "script")]
+    tried = [a for a in result.attempts if a.exporter in CONTROL_FLOW]
     lines = evidence_lines(list(result.attempts), [d for d in result.diagnostics if d.code == "tracer-warning"],
                            loaded)
     script = next((a for a in tried if a.exporter == "script" and not a.ok), None)

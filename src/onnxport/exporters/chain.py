@@ -16,6 +16,7 @@ from onnxport.core.errors import ExportFailed, UsageError
 from onnxport.core.logs import captured_output
 from onnxport.core.onnxfile import external_threshold, move_model
 from onnxport.core.records import Attempt, ExportResult
+from onnxport.core.samples import export_sizes, make_inputs
 from onnxport.exporters import controlflow, packed
 from onnxport.exporters.evidence import (
     data_dependent_before,
@@ -34,6 +35,7 @@ from onnxport.exporters.strategies import (
     STRATEGIES,
     NotApplicable,
 )
+from onnxport.runtime.feeds import FeedMap
 from onnxport.runtime.sessions import session
 from onnxport.sources.base import LoadedModel
 
@@ -87,6 +89,9 @@ def export(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", ops
             lines = evidence_lines(attempts, [d for _, _, ds in done for d in ds] + failed_diags, loaded,
                                    explicit=exporter == name)
             attempt, diags, failed = _attempt(name, loaded, target, use_opset, external, lines, attempts)
+            if attempt.ok and opset is None and (broken := _ort_cannot_run(target, loaded, use_opset)):
+                attempts.append(dataclasses.replace(attempt, ok=False, error=broken))
+                attempt, diags, failed = _lower_opsets(name, loaded, target, use_opset, external, lines, attempts)
             attempts.append(attempt)
             failed_diags.extend(failed)
             if attempt.ok:
@@ -142,6 +147,43 @@ def _attempt(name: str, loaded: LoadedModel, target: Path, opset: int, external:
         frozen = data_dependent_before(before)
     note = "; ".join(d.message for d in diags if d.code in ("control-flow-kept", packed.CODE)) or None
     return Attempt(name, True, time.perf_counter() - t0, actual, guards=guards, frozen=frozen, note=note), diags, []
+
+
+def _lower_opsets(name: str, loaded: LoadedModel, target: Path, tried: int, external: bool,
+                  lines: list[tuple[str, int]], attempts: list[Attempt]
+                  ) -> tuple[Attempt, list[Diagnostic], list[Diagnostic]]:
+    """``name`` again at each lower opset (newest first) until onnxruntime runs the export; every try that it
+    cannot run is recorded in ``attempts``. Returns the last try (ok when one ran)."""
+    last = attempts[-1]
+    result: tuple[Attempt, list[Diagnostic], list[Diagnostic]] = (last, [], [])
+    for version in range(tried - 1, MIN_OPSET - 1, -1):
+        attempt, diags, failed = _attempt(name, loaded, target, version, external, lines, attempts)
+        if not attempt.ok:
+            return attempt, diags, failed
+        broken = _ort_cannot_run(target, loaded, version)
+        if broken is None:
+            note = f"opset {version}: onnxruntime could not run the opset-{tried} export"
+            return dataclasses.replace(attempt, note="; ".join(filter(None, (attempt.note, note)))), diags, failed
+        result = (dataclasses.replace(attempt, ok=False, error=broken), [], failed)
+        if version > MIN_OPSET:
+            attempts.append(result[0])
+    return result
+
+
+def _ort_cannot_run(path: Path, loaded: LoadedModel, opset: int) -> str | None:
+    """Why onnxruntime cannot load ``path`` or run it on the export example (None when it can): an operator
+    version it has no kernel for, or one it refuses at run time (e.g. RotaryEmbedding's cache shapes)."""
+    try:
+        sess = session(path)
+    except Exception as e:  # noqa: BLE001 - any refusal is the answer
+        msg = str(getattr(e, "message", e)).split("failed:")[-1].strip()
+        return f"onnxruntime cannot load the opset-{opset} export: {' '.join(msg.split())[:240]}"
+    feed = FeedMap.of(loaded.inputs, sess)
+    try:
+        sess.run(None, feed(make_inputs(loaded.inputs, export_sizes(loaded.dims), seed=0)))
+    except Exception as e:  # noqa: BLE001
+        return f"onnxruntime cannot run the opset-{opset} export: {' '.join(str(e).split())[:240]}"
+    return None
 
 
 def _ort_refuses(path: Path) -> str | None:
