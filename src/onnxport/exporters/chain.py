@@ -90,8 +90,11 @@ def export(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", ops
                                    explicit=exporter == name)
             attempt, diags, failed = _attempt(name, loaded, target, use_opset, external, lines, attempts)
             if attempt.ok and opset is None and (broken := _ort_cannot_run(target, loaded, use_opset)):
-                attempts.append(dataclasses.replace(attempt, ok=False, error=broken))
-                attempt, diags, failed = _lower_opsets(name, loaded, target, use_opset, external, lines, attempts)
+                lower = _lower_opsets(name, loaded, target, use_opset, external, lines, attempts + [attempt])
+                if lower is not None:  # the newest opset onnxruntime runs; else parity says why it cannot
+                    attempts.append(dataclasses.replace(attempt, ok=False, error=broken))
+                    attempts.extend(lower[3])
+                    attempt, diags, failed = lower[:3]
             attempts.append(attempt)
             failed_diags.extend(failed)
             if attempt.ok:
@@ -150,24 +153,33 @@ def _attempt(name: str, loaded: LoadedModel, target: Path, opset: int, external:
 
 
 def _lower_opsets(name: str, loaded: LoadedModel, target: Path, tried: int, external: bool,
-                  lines: list[tuple[str, int]], attempts: list[Attempt]
-                  ) -> tuple[Attempt, list[Diagnostic], list[Diagnostic]]:
-    """``name`` again at each lower opset (newest first) until onnxruntime runs the export; every try that it
-    cannot run is recorded in ``attempts``. Returns the last try (ok when one ran)."""
-    last = attempts[-1]
-    result: tuple[Attempt, list[Diagnostic], list[Diagnostic]] = (last, [], [])
+                  lines: list[tuple[str, int]], before: list[Attempt]
+                  ) -> tuple[Attempt, list[Diagnostic], list[Diagnostic], list[Attempt]] | None:
+    """``name`` again at each lower opset (newest first) until onnxruntime runs the export, written over
+    ``target``: (that attempt, its diagnostics, its failure diagnostics, the tries it could not run). None when
+    no lower opset runs either (``target`` then still holds the first export), or the refusal is about an
+    operator of a custom domain, which no opset changes."""
+    refused = onnx.load(str(target), load_external_data=False)
+    if any(o.domain not in ("", "ai.onnx", "com.microsoft") for o in refused.opset_import):
+        return None
+    skipped: list[Attempt] = []
     for version in range(tried - 1, MIN_OPSET - 1, -1):
-        attempt, diags, failed = _attempt(name, loaded, target, version, external, lines, attempts)
-        if not attempt.ok:
-            return attempt, diags, failed
-        broken = _ort_cannot_run(target, loaded, version)
-        if broken is None:
-            note = f"opset {version}: onnxruntime could not run the opset-{tried} export"
-            return dataclasses.replace(attempt, note="; ".join(filter(None, (attempt.note, note)))), diags, failed
-        result = (dataclasses.replace(attempt, ok=False, error=broken), [], failed)
-        if version > MIN_OPSET:
-            attempts.append(result[0])
-    return result
+        trial = target.with_name(f".opset{version}-{target.name}")
+        try:
+            attempt, diags, failed = _attempt(name, loaded, trial, version, external, lines, before + skipped)
+            if not attempt.ok:
+                return None
+            broken = _ort_cannot_run(trial, loaded, version)
+            if broken is None:
+                move_model(trial, target)
+                note = f"opset {version}: onnxruntime could not run the opset-{tried} export"
+                return (dataclasses.replace(attempt, note="; ".join(filter(None, (attempt.note, note)))),
+                        diags, failed, skipped)
+            skipped.append(dataclasses.replace(attempt, ok=False, error=broken))
+        finally:
+            for leftover in (trial, trial.with_name(trial.name + ".data")):
+                leftover.unlink(missing_ok=True)
+    return None
 
 
 def _ort_cannot_run(path: Path, loaded: LoadedModel, opset: int) -> str | None:
