@@ -15,14 +15,41 @@ _CPU_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_
               "amx_int8", "amx_bf16", "avx512_fp16", "amx_fp16", "f16c")
 
 
+ORT_DISTRIBUTIONS = ("onnxruntime-gpu", "onnxruntime", "onnxruntime-directml", "onnxruntime-openvino")
+
+
 def versions() -> dict[str, str | None]:
+    """Installed versions; ``onnxruntime`` is the version of the module really imported (the CPU wheel's
+    metadata can sit beside onnxruntime-gpu's), and ``onnxruntime_package`` names its distribution."""
     out: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             out[name] = None
+    out.update(onnxruntime_package())
     return out
+
+
+def onnxruntime_package() -> dict[str, str | None]:
+    """The onnxruntime module imported: its version and the distribution it belongs to (the one whose
+    version matches, preferring a GPU build when several are installed)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return {"onnxruntime": None, "onnxruntime_package": None}
+    version = getattr(ort, "__version__", None)
+    owners = importlib.metadata.packages_distributions().get("onnxruntime", [])
+    dists = [d for d in ORT_DISTRIBUTIONS if d in {o.lower() for o in owners}] or list(owners)
+    matching = []
+    for dist in dists:
+        try:
+            if importlib.metadata.version(dist) == version:
+                matching.append(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    package = (matching or dists or [None])[0]
+    return {"onnxruntime": version, "onnxruntime_package": package}
 
 
 def cpu() -> dict:

@@ -24,11 +24,12 @@ from onnxport.runtime.sessions import (
     provider_chain,
     provider_names,
     session,
+    strict_fp32,
 )
 
 __all__ = [
     "CPU", "CUDA", "DEVICES", "GPU_INSTALL_HINT", "OPT_LEVELS", "TENSORRT", "BoundRunner", "GpuOptions", "OnDevice",
     "Placement", "RuntimeConfig", "available_providers", "check_device", "config", "configure", "default_providers",
     "loaded_on_device", "parse_placement", "placement", "placement_from", "provider_chain", "provider_names",
-    "session",
+    "session", "strict_fp32",
 ]

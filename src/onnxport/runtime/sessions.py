@@ -9,8 +9,9 @@ created).
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,7 @@ class GpuOptions:
     trt_workspace_bytes: int = 2 * 1024**3  # trt_max_workspace_size
     trt_engine_cache: str | None = None  # folder for built engines (trt_engine_cache_enable + _path)
     tensorrt: bool = True  # put TensorRT first when it is available
+    tf32: bool = False  # the CUDA provider's use_tf32: off, so fp32 MatMul/Conv are fp32 (strict proof)
 
     def tensorrt_options(self) -> dict:
         opts: dict = {"device_id": self.device_id, "trt_fp16_enable": self.fp16,
@@ -52,7 +54,7 @@ class GpuOptions:
 
     def cuda_options(self) -> dict:
         return {"device_id": self.device_id, "cudnn_conv_algo_search": "EXHAUSTIVE",
-                "do_copy_in_default_stream": True}
+                "do_copy_in_default_stream": True, "use_tf32": "1" if self.tf32 else "0"}
 
 
 def available_providers() -> list[str]:
@@ -134,6 +136,24 @@ def config() -> RuntimeConfig:
 def default_providers() -> list:
     """The provider chain of the configured device."""
     return provider_chain(_CONFIG.device, gpu=_CONFIG.gpu)
+
+
+@contextlib.contextmanager
+def strict_fp32() -> Iterator[None]:
+    """PyTorch's TF32 switches off (matmul and cuDNN, float32 matmul precision "highest") for the fp32 proof on
+    a GPU, restored afterwards; onnxruntime's side is :attr:`GpuOptions.tf32` (off by default)."""
+    import torch
+
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.get_float32_matmul_precision())
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
+        torch.set_float32_matmul_precision(saved[2])
 
 
 # --------------------------------------------------------------------------- sessions
