@@ -1,8 +1,9 @@
-"""Open Inference Protocol v2 (KServe v2 / Triton HTTP) server with dynamic batching and Prometheus metrics.
+"""Open Inference Protocol v2 (KServe v2 / Triton HTTP, and Triton gRPC) server with dynamic batching and
+Prometheus metrics.
 
-``serve_app(PATH)`` builds the app; ``run(PATH)`` serves it with uvicorn. PATH is an onnxport output folder,
-a single .onnx file or a Triton-style model repository (``DIR/<name>/config.pbtxt``, ``DIR/<name>/1/model.onnx``).
-FastAPI and uvicorn are imported only when a server is built.
+``serve_app(PATH)`` builds the app; ``run(PATH)`` serves it with uvicorn (and gRPC with ``grpc_port``). PATH is
+an onnxport output folder, a single .onnx file or a Triton-style model repository (``DIR/<name>/config.pbtxt``,
+``DIR/<name>/1/model.onnx``). FastAPI, uvicorn and grpcio are imported only when a server is built.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from onnxport.serve.models import (
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-__all__ = ["serve_app", "run", "listen", "discover", "signature", "DEFAULT_MAX_BATCH", "DEFAULT_MAX_DELAY_MS",
-           "DEFAULT_MAX_BODY_BYTES"]
+__all__ = ["serve_app", "run", "listen", "require_grpc", "discover", "signature", "DEFAULT_MAX_BATCH",
+           "DEFAULT_MAX_DELAY_MS", "DEFAULT_MAX_BODY_BYTES"]
 
 
 def _require(package: str) -> None:
@@ -56,16 +57,34 @@ def serve_app(path: str | Path, *, max_batch: int | None = None, max_delay_ms: f
 def run(path: str | Path, host: str = "127.0.0.1", port: int = 8000, *, max_batch: int | None = None,
         max_delay_ms: float | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         graceful_timeout_s: float = 30.0, log_level: str = "info", name: str | None = None,
-        sock: socket.socket | None = None) -> None:
-    """Serve PATH with uvicorn until SIGINT/SIGTERM; in-flight requests finish (up to ``graceful_timeout_s``).
-    ``sock``: a socket already listening on host:port (see :func:`listen`)."""
+        sock: socket.socket | None = None, grpc_port: int | None = None) -> None:
+    """Serve PATH over HTTP (and gRPC on ``grpc_port``, same host, when given) until SIGINT/SIGTERM, then
+    drain: new requests get 503 / UNAVAILABLE, the ones already accepted are answered (up to
+    ``graceful_timeout_s``) and it returns. ``sock``: a socket already listening on host:port (see
+    :func:`listen`). Both fronts share the models, their batchers, the metrics and the request size limit."""
+    if grpc_port is not None:
+        require_grpc()
     sock = sock if sock is not None else listen(host, port)
     app = serve_app(path, max_batch=max_batch, max_delay_ms=max_delay_ms, max_body_bytes=max_body_bytes, name=name)
-    import uvicorn
+    from onnxport.serve.runner import Server
 
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                            timeout_graceful_shutdown=graceful_timeout_s, lifespan="on")
-    uvicorn.Server(config).run(sockets=[sock])
+    server = Server(app, sock, host=host, grpc_port=grpc_port, drain_timeout_s=graceful_timeout_s,
+                    log_level=log_level)
+    server.run()
+
+
+def require_grpc() -> None:
+    """EnvironmentProblem (one line, with the install command) when the gRPC front's packages are missing."""
+    from onnxport.core.errors import missing_dependency
+
+    try:
+        import grpc  # noqa: F401
+    except ImportError:
+        raise missing_dependency("grpcio", "grpc") from None
+    try:
+        from tritonclient.grpc import service_pb2  # noqa: F401
+    except ImportError:
+        raise missing_dependency("tritonclient[grpc]", "grpc") from None
 
 
 def listen(host: str, port: int) -> socket.socket:

@@ -4,121 +4,54 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from onnxport.core.errors import UsageError
 from onnxport.core.version import __version__ as ONNXPORT_VERSION
-from onnxport.runtime.sessions import session
-from onnxport.serve.batcher import Batcher, InferenceError
-from onnxport.serve.models import (
-    DEFAULT_MAX_BATCH,
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_DELAY_MS,
-    ModelSource,
-    Signature,
-    discover,
-    signature,
-)
-from onnxport.serve.protocol import BadRequest, decode, encode
-from onnxport.serve.triton import model_config
-
-EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration"]
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-TIME_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+from onnxport.serve.batcher import InferenceError, ShuttingDown
+from onnxport.serve.models import DEFAULT_MAX_BODY_BYTES, discover
+from onnxport.serve.protocol import BadRequest, encode
+from onnxport.serve.served import EXTENSIONS, SERVER_NAME, Gate, Metrics, ServedModel, find, load
 
 
-@dataclass
-class _Stats:
-    """Counters for Triton's statistics extension (nanoseconds)."""
+class _Drain:
+    """ASGI middleware: while the server drains (its gate closed), new requests get 503 and every answer
+    closes its connection; the health routes and /metrics keep answering."""
 
-    success: int = 0
-    success_ns: int = 0
-    failure: int = 0
-    failure_ns: int = 0
-    queue_ns: int = 0
-    compute_ns: int = 0
-    executions: int = 0
-    last_inference_ms: int = 0
+    OPEN_PATHS = ("/v2/health/live", "/v2/health/ready", "/metrics")
 
+    def __init__(self, app, gate: Gate) -> None:
+        self.app = app
+        self.gate = gate
 
-@dataclass
-class ServedModel:
-    """A loaded model: its source, signature, ONNX Runtime session and batcher."""
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        if not self.gate.enter():
+            body = json.dumps({"error": "the server is shutting down"}).encode()
+            await send({"type": "http.response.start", "status": 503, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close")]})
+            await send({"type": "http.response.body", "body": body})
+            return
 
-    source: ModelSource
-    signature: Signature
-    session: object
-    max_batch: int          # largest batch a request may carry (Triton max_batch_size; 0 = no batch dim)
-    max_delay_ms: float
-    batcher: Batcher
-    stats: _Stats
+        async def closing_send(message: dict) -> None:
+            if message["type"] == "http.response.start" and not self.gate.open:
+                message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+            await send(message)
 
-    @property
-    def name(self) -> str:
-        return self.source.name
-
-    def metadata(self) -> dict:
-        return {"name": self.name, "versions": [self.source.version], "platform": "onnxruntime_onnx",
-                "inputs": [t.to_dict() for t in self.signature.inputs],
-                "outputs": [t.to_dict() for t in self.signature.outputs]}
-
-    def config(self) -> dict:
-        config = model_config(self.signature, self.name, max_batch=self.max_batch,
-                              max_delay_us=int(self.max_delay_ms * 1000), session_options=self.source.session_options)
-        if self.source.batching_off:
-            config.setdefault("parameters", {})["onnxport_batching"] = {"string_value": f"off: {self.source.batching_off}"}
-        return config
-
-
-def _load(source: ModelSource, max_batch: int | None, max_delay_ms: float | None, metrics: _Metrics) -> ServedModel:
-    if not source.onnx_path.is_file():
-        raise UsageError(f"model '{source.name}': {source.onnx_path} does not exist", "check the path")
-    sig = signature(source.onnx_path)
-    sess = session(source.onnx_path, **source.session_options)
-    batch_limit = max_batch if max_batch is not None else (source.max_batch if source.max_batch is not None
-                                                           else DEFAULT_MAX_BATCH)
-    if source.batching_off:
-        batch_limit = min(batch_limit, 1)  # a row's answer would depend on its batch neighbours
-    if batch_limit < 0:
-        raise UsageError(f"max_batch must be >= 0, got {batch_limit}", "pass --max-batch 1 to turn batching off")
-    delay = max_delay_ms if max_delay_ms is not None else (source.max_delay_ms if source.max_delay_ms is not None
-                                                           else DEFAULT_MAX_DELAY_MS)
-    batchable = sig.batchable and batch_limit > 0
-    output_names = [o.name for o in sig.outputs]
-
-    def run(feeds: dict) -> dict:
-        return dict(zip(output_names, sess.run(output_names, feeds)))
-
-    def on_batch(rows: int, seconds: float) -> None:
-        metrics.batch_size.labels(source.name).observe(rows)
-        metrics.compute.labels(source.name).observe(seconds)
-
-    batcher = Batcher(run, batched=batchable, max_batch=batch_limit, max_delay_ms=delay, on_batch=on_batch)
-    return ServedModel(source, sig, sess, batch_limit if batchable else 0, delay, batcher, _Stats())
-
-
-class _Metrics:
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.requests = Counter("onnxport_inference_requests", "Inference requests by model and outcome",
-                                ["model", "outcome"], registry=self.registry)
-        self.queue = Histogram("onnxport_queue_seconds", "Time a request waited for its batch to start",
-                               ["model"], buckets=TIME_BUCKETS, registry=self.registry)
-        self.compute = Histogram("onnxport_compute_seconds", "ONNX Runtime time per batch run",
-                                 ["model"], buckets=TIME_BUCKETS, registry=self.registry)
-        self.request_time = Histogram("onnxport_request_seconds", "Inference request time, decode to encode",
-                                      ["model"], buckets=TIME_BUCKETS, registry=self.registry)
-        self.batch_size = Histogram("onnxport_batch_size", "Rows per ONNX Runtime run", ["model"],
-                                    buckets=BATCH_BUCKETS, registry=self.registry)
+        try:
+            await self.app(scope, receive, closing_send)
+        finally:
+            self.gate.leave()
 
 
 def _error(message: str, status: int) -> JSONResponse:
@@ -177,9 +110,12 @@ def _compress(body: bytes, accept: str) -> tuple[bytes, str | None]:
     return body, None
 
 
-def build_app(models: list[ServedModel], metrics: _Metrics, *, max_body_bytes: int) -> FastAPI:
-    """The FastAPI app serving ``models``."""
+def build_app(models: list[ServedModel], metrics: Metrics, *, max_body_bytes: int,
+              gate: Gate | None = None) -> FastAPI:
+    """The FastAPI app serving ``models``. ``app.state`` keeps what a gRPC front shares with it: ``models``
+    (by name), ``metrics``, ``gate`` (closed on shutdown: new requests get 503) and ``max_body_bytes``."""
     by_name = {m.name: m for m in models}
+    gate = gate if gate is not None else Gate()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -191,8 +127,15 @@ def build_app(models: list[ServedModel], metrics: _Metrics, *, max_body_bytes: i
 
     app = FastAPI(title="onnxport", version=ONNXPORT_VERSION, lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
+    app.add_middleware(_Drain, gate=gate)
     app.state.ready = True
     app.state.models = by_name
+    app.state.metrics = metrics
+    app.state.gate = gate
+    app.state.max_body_bytes = max_body_bytes
+
+    def is_ready() -> bool:
+        return bool(app.state.ready and gate.open)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -210,17 +153,9 @@ def build_app(models: list[ServedModel], metrics: _Metrics, *, max_body_bytes: i
     async def bad_request(request: Request, exc: BadRequest) -> JSONResponse:
         return _error(exc.message, exc.status)
 
-    def model(name: str, version: str | None = None) -> ServedModel:
-        m = by_name.get(name)
-        if m is None:
-            raise BadRequest(f"unknown model '{name}'; this server serves {sorted(by_name)}", 404)
-        if version not in (None, "", m.source.version):
-            raise BadRequest(f"model '{name}' has no version '{version}' (served: {m.source.version})", 404)
-        return m
-
     @app.get("/v2")
     async def server_metadata() -> dict:
-        return {"name": "onnxport", "version": ONNXPORT_VERSION, "extensions": EXTENSIONS}
+        return {"name": SERVER_NAME, "version": ONNXPORT_VERSION, "extensions": EXTENSIONS}
 
     @app.get("/v2/health/live")
     async def live() -> Response:
@@ -228,30 +163,30 @@ def build_app(models: list[ServedModel], metrics: _Metrics, *, max_body_bytes: i
 
     @app.get("/v2/health/ready")
     async def ready() -> Response:
-        return Response(status_code=200 if app.state.ready else 503)
+        return Response(status_code=200 if is_ready() else 503)
 
     @app.get("/v2/models/stats")
     @app.get("/v2/models/{name}/stats")
     @app.get("/v2/models/{name}/versions/{version}/stats")
     async def model_stats(name: str | None = None, version: str | None = None) -> dict:
-        chosen = [model(name, version)] if name else list(by_name.values())
-        return {"model_stats": [_stats(m) for m in chosen]}
+        chosen = [find(by_name, name, version)] if name else list(by_name.values())
+        return {"model_stats": [m.statistics() for m in chosen]}
 
     @app.get("/v2/models/{name}")
     @app.get("/v2/models/{name}/versions/{version}")
     async def model_metadata(name: str, version: str | None = None) -> dict:
-        return model(name, version).metadata()
+        return find(by_name, name, version).metadata()
 
     @app.get("/v2/models/{name}/ready")
     @app.get("/v2/models/{name}/versions/{version}/ready")
     async def model_ready(name: str, version: str | None = None) -> Response:
-        model(name, version)
-        return Response(status_code=200 if app.state.ready else 503)
+        find(by_name, name, version)
+        return Response(status_code=200 if is_ready() else 503)
 
     @app.get("/v2/models/{name}/config")
     @app.get("/v2/models/{name}/versions/{version}/config")
     async def model_config(name: str, version: str | None = None) -> dict:
-        return model(name, version).config()
+        return find(by_name, name, version).config()
 
     @app.post("/v2/repository/index")
     async def repository_index() -> list:
@@ -260,39 +195,17 @@ def build_app(models: list[ServedModel], metrics: _Metrics, *, max_body_bytes: i
     @app.post("/v2/models/{name}/infer")
     @app.post("/v2/models/{name}/versions/{version}/infer")
     async def infer(name: str, request: Request, version: str | None = None) -> Response:
-        m = model(name, version)
-        start = time.perf_counter()
-        m.batcher.announce()
-        queued = False
-        try:
+        m = find(by_name, name, version)
+
+        async def parts() -> tuple[object, bytes]:
             body = await _read_body(request, max_body_bytes)
-            header, binary = _split_body(body, request.headers.get("inference-header-content-length"))
-            req = decode(header, binary, m.signature, batched=m.batcher.batched, max_batch=max(m.max_batch, 1))
-            queued = True
-            outputs, batch = await m.batcher.infer(req.feeds, req.rows, announced=True)
-            payload, header_length = encode(m.name, m.source.version, req, outputs, m.signature)
-        except (BadRequest, InferenceError) as e:
-            elapsed = time.perf_counter() - start
-            metrics.requests.labels(m.name, "failure").inc()
-            m.stats.failure += 1
-            m.stats.failure_ns += int(elapsed * 1e9)
-            if isinstance(e, BadRequest):
-                raise
-            return _error(str(e), 400)
-        finally:
-            if not queued:
-                m.batcher.withdraw()
-        elapsed = time.perf_counter() - start
-        metrics.requests.labels(m.name, "success").inc()
-        metrics.queue.labels(m.name).observe(batch.queue_s)
-        metrics.request_time.labels(m.name).observe(elapsed)
-        s = m.stats
-        s.success += 1
-        s.success_ns += int(elapsed * 1e9)
-        s.queue_ns += int(batch.queue_s * 1e9)
-        s.compute_ns += int(batch.compute_s * 1e9)
-        s.executions += 1
-        s.last_inference_ms = int(time.time() * 1000)
+            return _split_body(body, request.headers.get("inference-header-content-length"))
+
+        try:
+            payload, header_length = await m.infer(
+                parts(), lambda req, outputs: encode(m.name, m.source.version, req, outputs, m.signature))
+        except InferenceError as e:
+            return _error(str(e), 503 if isinstance(e, ShuttingDown) else 400)
         payload, encoding = _compress(payload, request.headers.get("accept-encoding", ""))
         headers = {"Content-Encoding": encoding} if encoding else {}
         if header_length is None:
@@ -307,28 +220,12 @@ def build_app(models: list[ServedModel], metrics: _Metrics, *, max_body_bytes: i
     return app
 
 
-def _stats(m: ServedModel) -> dict:
-    s = m.stats
-    return {
-        "name": m.name, "version": m.source.version, "last_inference": s.last_inference_ms,
-        "inference_count": s.success, "execution_count": s.executions,
-        "inference_stats": {
-            "success": {"count": s.success, "ns": s.success_ns}, "fail": {"count": s.failure, "ns": s.failure_ns},
-            "queue": {"count": s.success, "ns": s.queue_ns},
-            "compute_input": {"count": s.success, "ns": 0},
-            "compute_infer": {"count": s.success, "ns": s.compute_ns},
-            "compute_output": {"count": s.success, "ns": 0},
-        },
-        "batch_stats": [],
-    }
-
-
 def serve_app(path: str | Path, *, max_batch: int | None = None, max_delay_ms: float | None = None,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, name: str | None = None) -> FastAPI:
     """An OIP v2 app serving PATH (output folder, .onnx file or Triton repository); loads every model now.
     ``name`` renames the one model of a folder or file."""
     if max_body_bytes <= 0:
         raise UsageError(f"max_body_bytes must be positive, got {max_body_bytes}", "pass a size in bytes")
-    metrics = _Metrics()
-    models = [_load(source, max_batch, max_delay_ms, metrics) for source in discover(path, name)]
+    metrics = Metrics()
+    models = [load(source, max_batch, max_delay_ms, metrics) for source in discover(path, name)]
     return build_app(models, metrics, max_body_bytes=max_body_bytes)

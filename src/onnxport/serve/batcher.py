@@ -20,6 +20,10 @@ class InferenceError(Exception):
     """ONNX Runtime rejected a request's tensors (reported to the client as a 400)."""
 
 
+class ShuttingDown(InferenceError):
+    """The server stopped before the request ran (HTTP 503, gRPC UNAVAILABLE)."""
+
+
 @dataclass(frozen=True)
 class BatchStats:
     """What one finished request learned about its batch (for metrics and statistics)."""
@@ -94,7 +98,7 @@ class Batcher:
         while self._pending:
             item = self._pending.popleft()
             if not item.future.done():
-                item.future.set_exception(InferenceError("the server is shutting down"))
+                item.future.set_exception(ShuttingDown("the server is shutting down"))
         self._executor.shutdown(wait=False)
 
     def _take(self, first: _Item) -> list[_Item]:

@@ -1,0 +1,221 @@
+"""What one server process serves, shared by its HTTP and gRPC fronts: the loaded models with their sessions
+and batchers, the Prometheus metrics, Triton-style statistics and the gate that drains requests on shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from onnxport.core.errors import UsageError
+from onnxport.runtime.sessions import session
+from onnxport.serve.batcher import Batcher, BatchStats, InferenceError, Outputs
+from onnxport.serve.models import DEFAULT_MAX_BATCH, DEFAULT_MAX_DELAY_MS, ModelSource, Signature, signature
+from onnxport.serve.protocol import BadRequest, InferRequest, decode
+from onnxport.serve.triton import model_config
+
+SERVER_NAME = "onnxport"
+EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration"]
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+TIME_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+T = TypeVar("T")
+
+
+class Metrics:
+    """The Prometheus metrics of one server (both fronts update the same ones)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("onnxport_inference_requests", "Inference requests by model and outcome",
+                                ["model", "outcome"], registry=self.registry)
+        self.queue = Histogram("onnxport_queue_seconds", "Time a request waited for its batch to start",
+                               ["model"], buckets=TIME_BUCKETS, registry=self.registry)
+        self.compute = Histogram("onnxport_compute_seconds", "ONNX Runtime time per batch run",
+                                 ["model"], buckets=TIME_BUCKETS, registry=self.registry)
+        self.request_time = Histogram("onnxport_request_seconds", "Inference request time, decode to encode",
+                                      ["model"], buckets=TIME_BUCKETS, registry=self.registry)
+        self.batch_size = Histogram("onnxport_batch_size", "Rows per ONNX Runtime run", ["model"],
+                                    buckets=BATCH_BUCKETS, registry=self.registry)
+
+
+class Gate:
+    """The requests a server has accepted. Once closed (on shutdown) it accepts none: they get HTTP 503 or
+    gRPC UNAVAILABLE, while every request already inside is answered. One event loop uses it: no locks."""
+
+    def __init__(self) -> None:
+        self.open = True
+        self.in_flight = 0
+        self.refused_at = 0.0  # time.monotonic() of the last request refused
+
+    def enter(self) -> bool:
+        """Admit one request (False once closed)."""
+        if not self.open:
+            self.refused_at = time.monotonic()
+            return False
+        self.in_flight += 1
+        return True
+
+    def leave(self) -> None:
+        self.in_flight = max(0, self.in_flight - 1)
+
+    def close(self) -> None:
+        self.open = False
+
+    async def drained(self, deadline: float, stop: Callable[[], bool] = lambda: False) -> bool:
+        """Wait until no admitted request is left (True) or ``time.monotonic()`` passes ``deadline`` (False)."""
+        while self.in_flight > 0 and not stop():
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return self.in_flight == 0
+
+    async def quiet(self, period: float, until: float) -> None:
+        """Wait until no request has been refused for ``period`` seconds (at most until ``time.monotonic()``
+        reaches ``until``): clients still sending learn that the server is going from a 503 / UNAVAILABLE,
+        not from a listener that vanished under their request."""
+        since = time.monotonic()
+        while (now := time.monotonic()) < until:
+            left = period - (now - max(self.refused_at, since))
+            if left <= 0:
+                return
+            await asyncio.sleep(min(left, until - now))
+
+
+@dataclass
+class Stats:
+    """Counters for Triton's statistics extension (nanoseconds)."""
+
+    success: int = 0
+    success_ns: int = 0
+    failure: int = 0
+    failure_ns: int = 0
+    queue_ns: int = 0
+    compute_ns: int = 0
+    executions: int = 0
+    last_inference_ms: int = 0
+
+
+@dataclass
+class ServedModel:
+    """A loaded model: its source, signature, ONNX Runtime session and batcher, and what it counts."""
+
+    source: ModelSource
+    signature: Signature
+    session: object
+    max_batch: int          # largest batch a request may carry (Triton max_batch_size; 0 = no batch dim)
+    max_delay_ms: float
+    batcher: Batcher
+    stats: Stats
+    metrics: Metrics
+
+    @property
+    def name(self) -> str:
+        return self.source.name
+
+    def metadata(self) -> dict:
+        return {"name": self.name, "versions": [self.source.version], "platform": "onnxruntime_onnx",
+                "inputs": [t.to_dict() for t in self.signature.inputs],
+                "outputs": [t.to_dict() for t in self.signature.outputs]}
+
+    def config(self) -> dict:
+        config = model_config(self.signature, self.name, max_batch=self.max_batch,
+                              max_delay_us=int(self.max_delay_ms * 1000), session_options=self.source.session_options)
+        if self.source.batching_off:
+            config.setdefault("parameters", {})["onnxport_batching"] = {"string_value": f"off: {self.source.batching_off}"}
+        return config
+
+    def statistics(self) -> dict:
+        """Triton's statistics for this model (the JSON form of ``inference.ModelStatistics``)."""
+        s = self.stats
+        return {
+            "name": self.name, "version": self.source.version, "last_inference": s.last_inference_ms,
+            "inference_count": s.success, "execution_count": s.executions,
+            "inference_stats": {
+                "success": {"count": s.success, "ns": s.success_ns}, "fail": {"count": s.failure, "ns": s.failure_ns},
+                "queue": {"count": s.success, "ns": s.queue_ns},
+                "compute_input": {"count": s.success, "ns": 0},
+                "compute_infer": {"count": s.success, "ns": s.compute_ns},
+                "compute_output": {"count": s.success, "ns": 0},
+            },
+            "batch_stats": [],
+        }
+
+    async def infer(self, parts: Awaitable[tuple[object, bytes]], reply: Callable[[InferRequest, Outputs], T]) -> T:
+        """One inference request, whichever front it came by: ``parts`` reads it as an OIP JSON header and
+        its binary tensor data, the batcher runs it, ``reply`` encodes the answer. Counts it in the metrics
+        and statistics; BadRequest and InferenceError (counted as failures) go back to the front."""
+        start = time.perf_counter()
+        self.batcher.announce()
+        queued = False
+        try:
+            header, binary = await parts
+            req = decode(header, binary, self.signature, batched=self.batcher.batched, max_batch=max(self.max_batch, 1))
+            queued = True
+            outputs, batch = await self.batcher.infer(req.feeds, req.rows, announced=True)
+            answer = reply(req, outputs)
+        except (BadRequest, InferenceError):
+            elapsed = time.perf_counter() - start
+            self.metrics.requests.labels(self.name, "failure").inc()
+            self.stats.failure += 1
+            self.stats.failure_ns += int(elapsed * 1e9)
+            raise
+        finally:
+            if not queued:
+                self.batcher.withdraw()
+        self._succeeded(time.perf_counter() - start, batch)
+        return answer
+
+    def _succeeded(self, elapsed: float, batch: BatchStats) -> None:
+        self.metrics.requests.labels(self.name, "success").inc()
+        self.metrics.queue.labels(self.name).observe(batch.queue_s)
+        self.metrics.request_time.labels(self.name).observe(elapsed)
+        s = self.stats
+        s.success += 1
+        s.success_ns += int(elapsed * 1e9)
+        s.queue_ns += int(batch.queue_s * 1e9)
+        s.compute_ns += int(batch.compute_s * 1e9)
+        s.executions += 1
+        s.last_inference_ms = int(time.time() * 1000)
+
+
+def find(models: dict[str, ServedModel], name: str, version: str | None = None) -> ServedModel:
+    """The served model ``name`` (at ``version``, when given); BadRequest 404 otherwise."""
+    m = models.get(name)
+    if m is None:
+        raise BadRequest(f"unknown model '{name}'; this server serves {sorted(models)}", 404)
+    if version not in (None, "", m.source.version):
+        raise BadRequest(f"model '{name}' has no version '{version}' (served: {m.source.version})", 404)
+    return m
+
+
+def load(source: ModelSource, max_batch: int | None, max_delay_ms: float | None, metrics: Metrics) -> ServedModel:
+    """Open ``source``'s session and batcher (UsageError when its file is missing or the limits are bad)."""
+    if not source.onnx_path.is_file():
+        raise UsageError(f"model '{source.name}': {source.onnx_path} does not exist", "check the path")
+    sig = signature(source.onnx_path)
+    sess = session(source.onnx_path, **source.session_options)
+    batch_limit = max_batch if max_batch is not None else (source.max_batch if source.max_batch is not None
+                                                           else DEFAULT_MAX_BATCH)
+    if source.batching_off:
+        batch_limit = min(batch_limit, 1)  # a row's answer would depend on its batch neighbours
+    if batch_limit < 0:
+        raise UsageError(f"max_batch must be >= 0, got {batch_limit}", "pass --max-batch 1 to turn batching off")
+    delay = max_delay_ms if max_delay_ms is not None else (source.max_delay_ms if source.max_delay_ms is not None
+                                                           else DEFAULT_MAX_DELAY_MS)
+    batchable = sig.batchable and batch_limit > 0
+    output_names = [o.name for o in sig.outputs]
+
+    def run(feeds: dict) -> dict:
+        return dict(zip(output_names, sess.run(output_names, feeds)))
+
+    def on_batch(rows: int, seconds: float) -> None:
+        metrics.batch_size.labels(source.name).observe(rows)
+        metrics.compute.labels(source.name).observe(seconds)
+
+    batcher = Batcher(run, batched=batchable, max_batch=batch_limit, max_delay_ms=delay, on_batch=on_batch)
+    return ServedModel(source, sig, sess, batch_limit if batchable else 0, delay, batcher, Stats(), metrics)
