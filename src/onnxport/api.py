@@ -38,7 +38,12 @@ def convert(source: str, out: str | Path, *, bench: dict | None = None, optimize
     """The whole pipeline for ``source``: export, check, prove, optimize (``variants``: "auto" (default) builds
     the variants that can win for this model on this device and lists the others as skipped with the reason,
     "all" every one, or a list; ``budget``: seconds for the variant search; ``optimize=False`` skips it), then a
-    short benchmark (``bench``: options for bench.run; ``{}`` skips it)."""
+    short benchmark (``bench``: options for bench.run; ``{}`` skips it).
+
+    ``samples``: the user's own inputs (a .npz/.npy, a .txt/.jsonl of texts, a folder of images; ``tokenizer``:
+    the tokenizer folder for texts, ``preprocess``: ``"file.py:function"`` for images): every sample is proven
+    against PyTorch (``validation.samples``), static int8 calibrates on them and every variant is judged on them.
+    Every façade here takes these three keywords."""
     if not optimize and kwargs.get("variants"):
         raise UsageError("--variants and --no-optimize contradict each other", "drop one of them")
     kwargs["variants"] = parse_names(kwargs.get("variants") or "auto") if optimize else None

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from onnxport import diagnose, optimize, report, rootcause, runtime
+from onnxport import decoder, diagnose, optimize, report, rootcause, runtime
 from onnxport.bench import run as bench_run
 from onnxport.bench import sizes_at
 from onnxport.core.diagnostics import Diagnostic, error, info, warning
@@ -27,11 +27,12 @@ from onnxport.exporters.chain import export as run_export
 from onnxport.exporters.strategies import CONTROL_FLOW
 from onnxport.prove import batching, branches, localize
 from onnxport.prove import compare as judging
+from onnxport.prove import samples as proving_samples
 from onnxport.prove.check import check
 from onnxport.prove.parity import compare
 from onnxport.report.build import Outcome, build_report, status_of
 from onnxport.runtime import ops
-from onnxport.sources import load, parse_model_args
+from onnxport.sources import datasets, load, parse_model_args
 from onnxport.sources.base import LoadedModel
 
 RESULT_FILES = ("model.onnx", "model.onnx.data", "model.unverified.onnx", "model.unverified.onnx.data", "onnxport.log",
@@ -101,34 +102,84 @@ def run_pipeline(source: str, out: str | Path, *, inputs=None, dims=None, model_
               bench: dict | None = None, variants: str | Sequence[str] | None = None, seq: int | None = None,
               custom_op_libraries: Sequence[str | Path] = (), device: str = "cpu", log_name: str | None = None,
               budget: float | None = None, compare: Sequence[str] | dict[str, str] | None = None,
-              working_sizes: bool = False) -> dict:
+              working_sizes: bool = False, samples: str | Path | None = None, tokenizer: str | Path | None = None,
+              preprocess: str | None = None) -> dict:
     """Load ``source`` and run every stage into ``out`` (see :mod:`onnxport.api` for the arguments)."""
     use_runtime(custom_op_libraries, device)
-    with _loaded_into(out, force, source, progress, seq, inputs=inputs, dims=dims, model_args=model_args,
+    reading = _Samples(samples, tokenizer, preprocess)
+    if decoder.wants_cache(source, task) and not inputs:  # a causal LM: exported with its KV cache
+        return _run_decoder(source, out, force=force, progress=progress, opset=opset, tolerance=tolerance,
+                            command=command, log_name=log_name, trust_remote_code=trust_remote_code)
+    with _loaded_into(out, force, source, progress, seq, reading, inputs=inputs, dims=dims, model_args=model_args,
                       weights=weights, task=task, trust_remote_code=trust_remote_code,
-                      compare=compare, working_sizes=working_sizes) as (loaded, out, timings):
+                      compare=compare, working_sizes=working_sizes) as (loaded, out, timings, given):
         work = Path(tempfile.mkdtemp(prefix=".onnxport-", dir=out))
         try:
             return _run_stages(loaded, out, work, exporter=exporter, opset=opset, tolerance=tolerance,
                                command=command, progress=progress, timings=timings, bench=bench, variants=variants,
-                               seq=seq, log_name=log_name, budget=budget)
+                               seq=seq, log_name=log_name, budget=budget, samples=given)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Samples:
+    """What --samples, --tokenizer and --preprocess asked for (nothing read yet)."""
+
+    path: str | Path | None = None
+    tokenizer: str | Path | None = None
+    preprocess: str | None = None
+
+    def check(self) -> None:
+        """The files exist (before the slow load); options without --samples are a usage error."""
+        if self.path is not None:
+            datasets.check_options(self.path, self.tokenizer, self.preprocess)
+        elif self.tokenizer is not None or self.preprocess is not None:
+            raise UsageError("--tokenizer and --preprocess read --samples, which is not given",
+                             "add --samples PATH, or drop them")
+
+    def read(self, loaded: LoadedModel, progress: Progress) -> datasets.SampleSet | None:
+        if self.path is None:
+            return None
+        progress(f"reading the samples in {self.path}")
+        return datasets.read_samples(self.path, loaded, tokenizer=self.tokenizer, preprocess=self.preprocess)
+
+
+def _run_decoder(source: str, out: str | Path, *, force: bool, progress: Progress, opset: int | None,
+                 tolerance: Tolerance, command: str | None, log_name: str | None, trust_remote_code: bool) -> dict:
+    """A causal LM: one ONNX model with the KV cache as inputs and outputs, proven step by step and by greedy
+    generation against ``model.generate`` (:mod:`onnxport.decoder`); optimized variants and the benchmark do
+    not run on this path yet."""
+    with _loaded_into(out, force, source, progress, None, task="text-generation",
+                      trust_remote_code=trust_remote_code) as (loaded, out, timings, _):
+        t = time.perf_counter()
+        made = decoder.run_model(loaded.model, out, opset=opset, tolerance=tolerance, progress=progress)
+        timings["export_and_proof"] = time.perf_counter() - t
+        diags = list(loaded.diagnostics)
+        outcome = decoder.to_outcome(made, loaded, command, diags, timings).but(log=log_name)
+        return _write(outcome.but(diagnostics=tuple(rootcause.rank(outcome.diagnostics, outcome.parity))), out)
+
+
 @contextlib.contextmanager
 def _loaded_into(out: str | Path, force: bool, source: str, progress: Progress, seq: int | None,
-                 **load_kw: Any) -> Iterator[tuple[LoadedModel, Path, dict[str, float]]]:
-    """The model loaded (its load time in the timings), --seq checked, and the output folder ready: what every
-    run does first, inside :func:`output_folder` so a failure leaves no empty folder."""
+                 reading: _Samples = _Samples(), **load_kw: Any
+                 ) -> Iterator[tuple[LoadedModel, Path, dict[str, float], datasets.SampleSet | None]]:
+    """The model loaded (its load time in the timings), --seq checked, the samples read and the output folder
+    ready: what every run does first, inside :func:`output_folder` so a failure leaves no empty folder and
+    touches no earlier result."""
     timings: dict[str, float] = {}
+    reading.check()
     t0 = time.perf_counter()
     progress(f"loading {source}")
     with output_folder(out, force) as folder:
         loaded = load_model(source, **load_kw)
         timings["load"] = time.perf_counter() - t0
         _check_seq(loaded, seq)
-        yield loaded, prepare_out(folder, force), timings
+        t0 = time.perf_counter()
+        given = reading.read(loaded, progress)
+        if given is not None:
+            timings["samples_read"] = time.perf_counter() - t0
+        yield loaded, prepare_out(folder, force), timings, given
 
 
 def _check_seq(loaded: LoadedModel, seq: int | None) -> None:
@@ -145,7 +196,8 @@ def _check_seq(loaded: LoadedModel, seq: int | None) -> None:
 def _run_stages(loaded: LoadedModel, out: Path, work: Path, *, exporter: str, opset: int | None,
                 tolerance: Tolerance, command: str | None, progress: Progress, timings: dict,
                 bench: dict | None = None, variants: str | Sequence[str] | None = None, seq: int | None = None,
-                log_name: str | None = None, budget: float | None = None) -> dict:
+                log_name: str | None = None, budget: float | None = None,
+                samples: datasets.SampleSet | None = None) -> dict:
     diags: list[Diagnostic] = list(loaded.diagnostics) + diagnose.static_traps(loaded)
     functions.discover_loaded(loaded)  # autograd.Functions with symbolic(): reported, and exported as their ops
     progress(f"exporting ({exporter})")
@@ -169,7 +221,7 @@ def _run_stages(loaded: LoadedModel, out: Path, work: Path, *, exporter: str, op
     diags.extend(diagnose.lost_control_flow(result, loaded))
     return _prove(loaded, result, out, diags, tolerance=tolerance, command=command, progress=progress,
                   timings=timings, move_to_out=True, bench=bench, variants=variants, seq=seq, log_name=log_name,
-                  budget=budget)
+                  budget=budget, samples=samples)
 
 
 def _write(outcome: Outcome, out: Path) -> dict:
@@ -182,12 +234,14 @@ def _write(outcome: Outcome, out: Path) -> dict:
 def _prove(loaded: LoadedModel, result: ExportResult, out: Path, diags: list[Diagnostic], *, tolerance: Tolerance,
            command: str | None, progress: Progress, timings: dict, move_to_out: bool, bench: dict | None = None,
            extra_files: Sequence[str | Path] = (), variants: str | Sequence[str] | None = None,
-           seq: int | None = None, log_name: str | None = None, budget: float | None = None) -> dict:
-    """check + parity (+ localization on failure) of ``result.path``, then the variants and the benchmark;
-    the report is written after each."""
+           seq: int | None = None, log_name: str | None = None, budget: float | None = None,
+           samples: datasets.SampleSet | None = None) -> dict:
+    """check + parity (+ localization on failure) of ``result.path`` and the proof on the samples, then the
+    variants and the benchmark; the report is written after each."""
     outcome = _check_and_compare(loaded, result, diags, tolerance=tolerance, command=command, progress=progress,
                                  timings=timings)
     loaded, outcome = outcome.loaded, outcome.but(log=log_name)
+    outcome, sample_refs = _prove_samples(outcome, result, samples, tolerance, progress, timings)
     ok = status_of(result, outcome.check, outcome.parity, outcome.diagnostics) == "ok"
     if move_to_out:
         final = out / ("model.onnx" if ok else "model.unverified.onnx")
@@ -200,7 +254,7 @@ def _prove(loaded: LoadedModel, result: ExportResult, out: Path, diags: list[Dia
         progress("building and proving the optimized variants")
         t = time.perf_counter()
         opt = optimize.variants(loaded, model_file, out, names=variants, tolerance=tolerance, progress=progress,
-                                bench_seq=seq, budget_s=budget, device=runtime.config().device)
+                                bench_seq=seq, budget_s=budget, device=runtime.config().device, samples=sample_refs)
         outcome = outcome.but(optimized=opt, stage_seconds={**outcome.stage_seconds,
                                                             "optimize": time.perf_counter() - t})
         rep = _write(outcome, out)
@@ -216,6 +270,22 @@ def _prove(loaded: LoadedModel, result: ExportResult, out: Path, diags: list[Dia
                                                                  "bench": time.perf_counter() - t})
         rep = _write(outcome, out)
     return rep
+
+
+def _prove_samples(outcome: Outcome, result: ExportResult, samples: datasets.SampleSet | None,
+                   tolerance: Tolerance, progress: Progress, timings: dict
+                   ) -> tuple[Outcome, proving_samples.SampleRefs | None]:
+    """Every sample through PyTorch and ONNX Runtime (when ONNX Runtime loads the file): the outcome with the
+    samples' proof (a failing sample is an error diagnostic), and PyTorch's outputs for the variants."""
+    if samples is None or outcome.parity is None or outcome.parity.load_error:
+        return outcome, None
+    progress(f"proving on the {samples.count} samples of {samples.file}")
+    t = time.perf_counter()
+    refs = proving_samples.references(outcome.loaded, samples)
+    proof = proving_samples.check(outcome.loaded, result.path, refs, tolerance)
+    timings["samples"] = time.perf_counter() - t
+    return outcome.but(samples=proof, diagnostics=(*outcome.diagnostics, *proving_samples.diagnostics(proof)),
+                       timings=dict(timings)), refs
 
 
 def _check_and_compare(loaded: LoadedModel, result: ExportResult, diags: list[Diagnostic], *,
@@ -236,8 +306,9 @@ def _check_and_compare(loaded: LoadedModel, result: ExportResult, diags: list[Di
     cases += extra
     placed, sess = _placed_session(result.path)
     loaded = runtime.loaded_on_device(loaded, runtime.config().device)
-    parity = compare(loaded, result.path, cases=cases, tolerance=tolerance, dim_checks=checked.dynamic_dims,
-                     sess=sess)
+    with _strict_on_gpu():  # fp32 proven as fp32: TF32 off on both sides (onnxruntime's in GpuOptions)
+        parity = compare(loaded, result.path, cases=cases, tolerance=tolerance, dim_checks=checked.dynamic_dims,
+                         sess=sess)
     del sess
     diags.extend(diagnose.unreached_branches(sites, loaded))
     timings["parity"] = time.perf_counter() - t
@@ -266,6 +337,10 @@ def _check_and_compare(loaded: LoadedModel, result: ExportResult, diags: list[Di
                    batch_invariance=invariance if invariance is not None and invariance.applicable else None,
                    branches=tuple(sites), placement=placed, divergence=divergence,
                    divergence_module=diagnose.label(loaded, divergence.module) if divergence else None)
+
+
+def _strict_on_gpu() -> contextlib.AbstractContextManager:
+    return runtime.strict_fp32() if runtime.config().device == "cuda" else contextlib.nullcontext()
 
 
 def _placed_session(path: Path) -> tuple[runtime.Placement | None, Any]:
@@ -322,16 +397,19 @@ def compare_file(source: str, onnx_path: str | Path, out: str | Path, *, inputs=
                  variants: str | Sequence[str] | None = None, seq: int | None = None,
                  custom_op_libraries: Sequence[str | Path] = (), device: str = "cpu",
                  log_name: str | None = None, budget: float | None = None,
-                 compare: Sequence[str] | dict[str, str] | None = None, working_sizes: bool = False) -> dict:
+                 compare: Sequence[str] | dict[str, str] | None = None, working_sizes: bool = False,
+                 samples: str | Path | None = None, tokenizer: str | Path | None = None,
+                 preprocess: str | None = None) -> dict:
     """Prove any ONNX file (exported by onnxport or not) against the PyTorch model; localize a divergence."""
     use_runtime(custom_op_libraries, device)
     onnx_path = Path(onnx_path)
     model = read_graph(onnx_path)  # a missing or broken file fails here, before the (slow) load
     for extra in extra_files:
         read_graph(extra)
-    with _loaded_into(out, force, source, progress, seq, inputs=inputs, dims=dims, model_args=model_args,
+    reading = _Samples(samples, tokenizer, preprocess)
+    with _loaded_into(out, force, source, progress, seq, reading, inputs=inputs, dims=dims, model_args=model_args,
                       weights=weights, task=task, trust_remote_code=trust_remote_code,
-                      compare=compare, working_sizes=working_sizes) as (loaded, out, timings):
+                      compare=compare, working_sizes=working_sizes) as (loaded, out, timings, given):
         if onnx_path.resolve().parent == out.resolve() and onnx_path.name in RESULT_FILES:
             raise UsageError("the ONNX file lies in --out, where results are written", "choose another --out")
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
@@ -339,4 +417,4 @@ def compare_file(source: str, onnx_path: str | Path, out: str | Path, *, inputs=
         diags = list(loaded.diagnostics) + diagnose.static_traps(loaded)
         return _prove(loaded, result, out, diags, tolerance=tolerance, command=command, progress=progress,
                       timings=timings, move_to_out=False, bench=bench, extra_files=extra_files, variants=variants,
-                      seq=seq, log_name=log_name, budget=budget)
+                      seq=seq, log_name=log_name, budget=budget, samples=given)

@@ -72,8 +72,8 @@ ArgsOpt = Annotated[str | None, typer.Option("--model-args", help="JSON object o
 WeightsOpt = Annotated[str | None, typer.Option("--weights", help="state_dict (.pt/.pth) or .safetensors")]
 TaskOpt = Annotated[str | None, typer.Option("--task", help="Hugging Face task, e.g. text-classification")]
 ExporterOpt = Annotated[str, typer.Option(
-    "--exporter", help="auto | dynamo | torchscript | cond | script (auto: dynamo, torchscript, then the control-flow "
-    "strategies when those fail or freeze a branch)")]
+    "--exporter", help="auto | dynamo | torchscript | cond | script | scan (auto: dynamo, torchscript, then the "
+    "control-flow strategies when those fail or freeze a branch or loop; the newest opset onnxruntime can run)")]
 OpsetOpt = Annotated[int | None, typer.Option("--opset", help="ONNX opset (default: newest supported, >= 17)")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the report as JSON on stdout")]
@@ -85,6 +85,20 @@ LibOpt = Annotated[list[Path] | None, typer.Option(
     "--custom-op-library", help="compiled ONNX Runtime custom-op library (.so) loaded into every session; repeatable")]
 BudgetOpt = Annotated[float | None, typer.Option(
     "--budget", min=1, help="seconds for building and proving variants: none is started after that")]
+CompareOpt = Annotated[list[str] | None, typer.Option(
+    "--compare", help="OUTPUT=detections|topk|cosine|exact: how parity judges an output (default: exact, "
+                      "detections for outputs named *boxes/*scores/*labels); repeatable")]
+SizesOpt = Annotated[bool, typer.Option(
+    "--working-sizes", help="when the model runs at some sizes of a dim only, prove at those (else exit 2 "
+                            "listing which sizes run)")]
+SamplesOpt = Annotated[Path | None, typer.Option(
+    "--samples", help="your own inputs, proven one by one and used to calibrate int8: a .npz/.npy of arrays "
+                      "(named after the inputs, a leading sample axis), a .txt/.jsonl of texts, or a folder of images")]
+TokenizerOpt = Annotated[Path | None, typer.Option(
+    "--tokenizer", help="Hugging Face tokenizer folder for --samples texts (default: the hf:DIR model's own)")]
+PreprocessOpt = Annotated[str | None, typer.Option(
+    "--preprocess", help="file.py:function turning a PIL image into the model's input array [C,H,W] for --samples "
+                         "images (default: the transform of the torchvision/timm/Hugging Face source)")]
 SeqOpt = Annotated[int | None, typer.Option(
     "--seq", min=1, help="sequence length of your traffic: variants are timed and the best chosen there "
                          "(default: the export size)")]
@@ -146,11 +160,14 @@ def convert(source: Annotated[str, typer.Argument(help="model source, e.g. model
                                    "this model on this device), all, or a list such as slim,ort,int8")] = None,
             budget: BudgetOpt = None,
             no_optimize: Annotated[bool, typer.Option("--no-optimize", help="skip the optimized variants")] = False,
-            seq: SeqOpt = None, custom_op_library: LibOpt = None) -> None:
+            seq: SeqOpt = None, custom_op_library: LibOpt = None, compare: CompareOpt = None,
+            working_sizes: SizesOpt = False, samples: SamplesOpt = None, tokenizer: TokenizerOpt = None,
+            preprocess: PreprocessOpt = None) -> None:
     """The whole pipeline: export, check, prove, optimize, benchmark; writes OUT/."""
     _run("convert", source, out, input, dim, model_args, weights, task, exporter, opset, device, json_out, force,
          atol, rtol, trust_remote_code, bench={} if no_bench else None, variants=variants, optimize=not no_optimize,
-         seq=seq, custom_op_libraries=custom_op_library or [], budget=budget)
+         seq=seq, custom_op_libraries=custom_op_library or [], budget=budget, compare=compare,
+         working_sizes=working_sizes, samples=samples, tokenizer=tokenizer, preprocess=preprocess)
 
 
 @app.command()
@@ -163,7 +180,9 @@ def optimize(source: Annotated[str, typer.Argument(help="model source, e.g. torc
                  "--variants", help="all (default), auto, or a list such as slim,ort,fused,fp16,int8")] = None,
              budget: BudgetOpt = None,
              json_out: JsonOpt = False, force: ForceOpt = False, atol: AtolOpt = 1e-4, rtol: RtolOpt = 1e-3,
-             trust_remote_code: TrustOpt = False, seq: SeqOpt = None, custom_op_library: LibOpt = None) -> None:
+             trust_remote_code: TrustOpt = False, seq: SeqOpt = None, custom_op_library: LibOpt = None,
+             compare: CompareOpt = None, working_sizes: SizesOpt = False, samples: SamplesOpt = None,
+             tokenizer: TokenizerOpt = None, preprocess: PreprocessOpt = None) -> None:
     """Build optimized variants (onnxslim, ORT offline, fusions, fp16, int8), re-prove each against PyTorch."""
     from onnxport import api
     from onnxport.core.records import Tolerance
@@ -172,7 +191,8 @@ def optimize(source: Annotated[str, typer.Argument(help="model source, e.g. torc
         source, model, out, inputs=input, dims=dim, model_args=model_args, weights=weights, task=task,
         variants=variants, tolerance=Tolerance(atol, rtol), force=force, trust_remote_code=trust_remote_code,
         command=_command_line(), progress=progress, seq=seq, custom_op_libraries=custom_op_library or [],
-        log_name=LOG_NAME, budget=budget), out, json_out)
+        log_name=LOG_NAME, budget=budget, compare=compare, working_sizes=working_sizes, samples=samples,
+        tokenizer=tokenizer, preprocess=preprocess), out, json_out)
 
 
 @app.command()
@@ -196,7 +216,9 @@ def bench(source: Annotated[str, typer.Argument(help="model source, e.g. torchvi
           trt_fp16: Annotated[bool, typer.Option("--trt-fp16", help="TensorRT may run layers in fp16")] = False,
           trt_workspace_gb: Annotated[float, typer.Option("--trt-workspace-gb", help="TensorRT workspace")] = 2.0,
           trt_engine_cache: Annotated[Path | None, typer.Option(
-              "--trt-engine-cache", help="folder where TensorRT keeps built engines")] = None) -> None:
+              "--trt-engine-cache", help="folder where TensorRT keeps built engines")] = None,
+          compare: CompareOpt = None, working_sizes: SizesOpt = False, samples: SamplesOpt = None,
+          tokenizer: TokenizerOpt = None, preprocess: PreprocessOpt = None) -> None:
     """Prove, then benchmark PyTorch against ONNX Runtime (percentiles, throughput, % of GEMM peak)."""
     from onnxport.runtime.sessions import GpuOptions, configure
 
@@ -207,7 +229,8 @@ def bench(source: Annotated[str, typer.Argument(help="model source, e.g. torchvi
                                  trt_engine_cache=str(trt_engine_cache) if trt_engine_cache else None))
     _run("bench", source, out, input, dim, model_args, weights, task, exporter, opset, device, json_out, force,
          atol, rtol, trust_remote_code, bench=opts, onnx_files=list(models or []),
-         custom_op_libraries=custom_op_library or [])
+         custom_op_libraries=custom_op_library or [], compare=compare, working_sizes=working_sizes, samples=samples,
+         tokenizer=tokenizer, preprocess=preprocess)
 
 
 @app.command()
@@ -217,10 +240,13 @@ def export(source: Annotated[str, typer.Argument(help="model source, e.g. model.
            model_args: ArgsOpt = None, weights: WeightsOpt = None, task: TaskOpt = None,
            exporter: ExporterOpt = "auto", opset: OpsetOpt = None, device: DeviceOpt = "cpu",
            json_out: JsonOpt = False, force: ForceOpt = False, atol: AtolOpt = 1e-4, rtol: RtolOpt = 1e-3,
-           trust_remote_code: TrustOpt = False, custom_op_library: LibOpt = None) -> None:
+           trust_remote_code: TrustOpt = False, custom_op_library: LibOpt = None, compare: CompareOpt = None,
+           working_sizes: SizesOpt = False, samples: SamplesOpt = None, tokenizer: TokenizerOpt = None,
+           preprocess: PreprocessOpt = None) -> None:
     """Export + check + parity only; writes OUT/model.onnx and OUT/report.json."""
     _run("export", source, out, input, dim, model_args, weights, task, exporter, opset, device, json_out, force,
-         atol, rtol, trust_remote_code, custom_op_libraries=custom_op_library or [])
+         atol, rtol, trust_remote_code, custom_op_libraries=custom_op_library or [], compare=compare,
+         working_sizes=working_sizes, samples=samples, tokenizer=tokenizer, preprocess=preprocess)
 
 
 @app.command()
@@ -231,7 +257,8 @@ def compare(source: Annotated[str, typer.Argument(help="model source, e.g. model
             model_args: ArgsOpt = None, weights: WeightsOpt = None, task: TaskOpt = None,
             json_out: JsonOpt = False, force: ForceOpt = False, atol: AtolOpt = 1e-4, rtol: RtolOpt = 1e-3,
             trust_remote_code: TrustOpt = False, custom_op_library: LibOpt = None,
-            device: DeviceOpt = "cpu") -> None:
+            device: DeviceOpt = "cpu", compare: CompareOpt = None, working_sizes: SizesOpt = False,
+            samples: SamplesOpt = None, tokenizer: TokenizerOpt = None, preprocess: PreprocessOpt = None) -> None:
     """Prove an existing ONNX file against the PyTorch model; localize where they part."""
     from onnxport import api
     from onnxport.core.records import Tolerance
@@ -241,7 +268,8 @@ def compare(source: Annotated[str, typer.Argument(help="model source, e.g. model
         source, model, out, inputs=input, dims=dim, model_args=model_args, weights=weights, task=task,
         tolerance=Tolerance(atol, rtol), force=force, trust_remote_code=trust_remote_code,
         command=_command_line(), progress=progress, custom_op_libraries=custom_op_library or [], device=device,
-        log_name=LOG_NAME), out, json_out)
+        log_name=LOG_NAME, compare=compare, working_sizes=working_sizes, samples=samples, tokenizer=tokenizer,
+        preprocess=preprocess), out, json_out)
 
 
 @app.command()
@@ -268,32 +296,45 @@ def serve(path: Annotated[Path, typer.Argument(help="an output folder, a .onnx f
           port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port")] = 8000,
           max_batch: Annotated[int | None, typer.Option("--max-batch", help="rows per batched run (1: off)")] = None,
           max_delay_ms: Annotated[float | None, typer.Option("--max-delay-ms", help="longest wait to fill a batch")] = None,
-          max_body_mb: Annotated[float, typer.Option("--max-body-mb", help="largest request body")] = 64.0,
+          max_body_mb: Annotated[float, typer.Option("--max-body-mb", help="largest request body (HTTP) or message (gRPC)")] = 64.0,
           name: Annotated[str | None, typer.Option(
               "--name", help="the served model's name (default: the output folder's or file's name)")] = None,
+          grpc_port: Annotated[int | None, typer.Option(
+              "--grpc-port", min=1, max=65535, help="also serve Triton gRPC on this port (same host; default: off)")] = None,
           custom_op_library: LibOpt = None,
           custom_op_python: Annotated[list[Path] | None, typer.Option(
               "--custom-op-python", help="Python file registering ort_python_op implementations; repeatable")] = None,
           device: DeviceOpt = "cpu") -> None:
-    """Serve models over the Open Inference Protocol v2 (KServe v2 / Triton HTTP) with dynamic batching."""
+    """Serve models over the Open Inference Protocol v2 (KServe v2 / Triton HTTP, and gRPC with --grpc-port)
+    with dynamic batching."""
     from onnxport import api
+    from onnxport.core.errors import UsageError
     from onnxport.runtime import ops
-    from onnxport.serve import discover, listen, run
+    from onnxport.serve import discover, listen, require_grpc, run
 
+    if grpc_port is not None:
+        require_grpc()  # a missing extra fails in one line, before anything starts
+        if grpc_port == port:
+            raise UsageError(f"--grpc-port {grpc_port} is the HTTP --port too", "give gRPC a port of its own")
     api.use_runtime(custom_op_library or [], device)
     for file in custom_op_python or []:
         ops.import_implementations(file)
     models = discover(path, name)  # a bad PATH fails here, in one line, before anything starts
     sock = listen(host, port)  # so does a port that is taken
-    base = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
-    err.print(f"serving {path} on {base}/v2 (Ctrl-C stops after in-flight requests finish)")
+    if grpc_port is not None:
+        listen(host, grpc_port).close()  # and the gRPC one
+    where = '[' + host + ']' if ':' in host else host
+    base = f"http://{where}:{port}"
+    err.print(f"serving {path} on {base}/v2 (Ctrl-C or SIGTERM stops after in-flight requests finish)")
+    if grpc_port is not None:
+        err.print(f"  gRPC (KServe v2 / Triton inference.GRPCInferenceService) on {where}:{grpc_port}")
     for m in models:
         err.print(f"  model {m.name!r} ({m.onnx_path.name}): POST {base}/v2/models/{m.name}/infer")
         if m.batching_off:
             err.print(f"    batching off: {m.batching_off}")
     try:
         run(path, host=host, port=port, max_batch=max_batch, max_delay_ms=max_delay_ms,
-            max_body_bytes=int(max_body_mb * 1024 * 1024), name=name, sock=sock)
+            max_body_bytes=int(max_body_mb * 1024 * 1024), name=name, sock=sock, grpc_port=grpc_port)
     except KeyboardInterrupt:
         raise typer.Exit(0) from None
 

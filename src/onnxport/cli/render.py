@@ -105,6 +105,7 @@ def _print_validation(rep: dict, out: Path) -> None:
             fr = "-" if c["max_rel_err"] is None else f"{c['max_rel_err']:.2e}"
             t.add_row(c.get("label", ""), shapes, fa, fr, Text.from_markup(mark))
         err.print(t)
+        _print_samples(val.get("samples"))
         for b in val.get("branches") or []:
             seen = b.get("sides") or {f"{k} iterations": v for k, v in (b.get("trip_counts") or {}).items()}
             what = "; ".join(f"{k} on '{v}'" for k, v in seen.items() if v)
@@ -112,6 +113,24 @@ def _print_validation(rep: dict, out: Path) -> None:
             ok = ok if b["covered"] else "[yellow]partly[/]"
             err.print(f"  {b['op']:<9} {escape(b['node'])} ({escape(b.get('module') or 'model')}) {ok}: {escape(what)}",
                       markup=True)
+
+
+def _print_samples(s: dict | None) -> None:
+    """One line for the proof on the user's samples, and the first failing one."""
+    if not s:
+        return
+    m = s.get("metrics") or {}
+    shown = [f"{label} {m[key]:.4f}" for key, label in (("top1_agreement", "top-1"),
+                                                         ("topk_agreement", f"top-{m.get('k', 5)}"),
+                                                         ("cosine_min", "cosine ≥"))
+             if isinstance(m.get(key), (int, float))]
+    mark = "[green]✔[/]" if s["passed"] else "[red]✘[/]"
+    mae = "-" if s.get("max_abs_err") is None else f"{s['max_abs_err']:.2e}"
+    err.print(f"  samples   {mark} {s['count'] - s['failed']}/{s['count']} of {escape(s['file'])} ({s['kind']}) match, "
+              f"max abs err {mae}" + (f" · {', '.join(shown)}" if shown else ""), markup=True)
+    for f in (s.get("failures") or [])[:1]:
+        where = "" if f["where"] == f"sample {f['index']}" else f" ({f['where']})"
+        err.print(f"            [red]sample {f['index']}{escape(where)}: {escape(f['error'])}[/]", markup=True)
 
 
 def _print_variants(rep: dict, out: Path) -> None:
@@ -122,10 +141,13 @@ def _print_variants(rep: dict, out: Path) -> None:
         at = (rep.get("best") or {}).get("timed_at") or {}
         where = ", ".join(f"{k} {v}" for k, v in at.items())
         t = Table(title="variants (each re-proven against PyTorch" + (f"; timed at {where})" if where else ")"))
-        for col in ("variant", "nodes", "MB", "max abs err", "metric", "p50 ms b1", "speedup", "verdict"):
+        on_samples = any(v.get("samples") for v in shown)
+        for col in ("variant", "nodes", "MB", "max abs err", "metric", *(["on samples"] if on_samples else []),
+                    "p50 ms b1", "speedup", "verdict"):
             t.add_column(col)
         for v in shown:
-            t.add_row(*_variant_row(rep, v))
+            row = _variant_row(rep, v)
+            t.add_row(*(row[:5] + [_sample_metric(v)] + row[5:] if on_samples else row))
         err.print(t)
     if not_built:
         err.print(f"  not built {', '.join(not_built)} (they cannot win for this model here: report.json says why; "
@@ -146,6 +168,14 @@ def _variant_row(rep: dict, v: dict) -> list:
     return [v["name"], str(v.get("nodes") or "-"), f"{(v.get('bytes') or 0) / 1e6:.1f}",
             "-" if mae is None else f"{mae:.2e}", metric, "-" if lat is None else f"{lat:.2f}",
             "-" if v.get("speedup") is None else f"{v['speedup']:.2f}×", Text.from_markup(verdict)]
+
+
+def _sample_metric(v: dict) -> str:
+    s = v.get("samples")
+    if not s:
+        return "-"
+    shown = [f"{m['name']} {m['value']:.4f}" for m in s.get("metrics") or [] if m.get("value") is not None]
+    return ", ".join(shown) or ("✔" if s["passed"] else f"{s['failed']} samples off")
 
 
 def _print_benchmark(rep: dict, out: Path) -> None:

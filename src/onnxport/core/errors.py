@@ -40,6 +40,14 @@ class ConstrainedDims(UsageError):
         self.probed = probed
 
 
+class BadSamples(UsageError):
+    """A ``--samples`` file or folder that cannot be used (exit 2): the file first, then what is wrong with it
+    (the line, sample index or image named)."""
+
+    def __init__(self, file: object, problem: str, hint: str) -> None:
+        super().__init__(f"--samples {file}: {problem}", hint, code="samples-unreadable")
+
+
 class SourceError(UsageError):
     """The model source cannot be loaded (exit 2)."""
 

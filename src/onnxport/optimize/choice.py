@@ -36,6 +36,7 @@ from onnxport.optimize.precision import build_fp16
 from onnxport.optimize.result import AUTO, BASELINE, VARIANTS, OptimizeResult, Variant, parse_names
 from onnxport.optimize.sensitivity import build_int8_searched
 from onnxport.prove import batching
+from onnxport.prove.samples import SampleRefs
 from onnxport.runtime.backends import OrtBackend, default_threads
 from onnxport.runtime.feeds import FeedMap
 from onnxport.sources.base import LoadedModel
@@ -210,7 +211,7 @@ def _baseline(model_path: Path, out: Path, ctx: BuildContext) -> Variant:
     """The plain export, proven like every variant (no divergence: it was proven when exported)."""
     ctx.progress("proving the plain export (baseline)")
     t0 = time.perf_counter()
-    proof = prove(ctx.loaded, BASELINE, model_path, ctx.refs, ctx.tolerance)
+    proof = prove(ctx.loaded, BASELINE, model_path, ctx.refs, ctx.tolerance, ctx.samples)
     return Variant(BASELINE, relative(model_path, out), prove_seconds=time.perf_counter() - t0,
                    batch_invariant=_batch_invariance(ctx, BASELINE, model_path),
                    **file_facts(model_path), **replace(proof, divergence=None).variant_fields())
@@ -232,7 +233,8 @@ def _variant(name: str, src: Path, dst: Path, out: Path, ctx: BuildContext, buil
     build_s = time.perf_counter() - t0
     ctx.progress(f"variant {name}: proving against PyTorch")
     t1 = time.perf_counter()
-    proof = outcome.proof if outcome.proof is not None else prove(ctx.loaded, name, dst, ctx.refs, ctx.tolerance)
+    proof = (outcome.proof if outcome.proof is not None
+             else prove(ctx.loaded, name, dst, ctx.refs, ctx.tolerance, ctx.samples))
     prove_s = outcome.prove_seconds + time.perf_counter() - t1
     build_s -= outcome.prove_seconds
     invariant = _batch_invariance(ctx, name, dst) if proof.passed else None
@@ -257,7 +259,8 @@ def _batch_invariance(ctx: BuildContext, name: str, path: Path) -> dict | None:
 def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path, *,
              names: Sequence[str] | str | None = None, tolerance: Tolerance = FP32, cases: list[Case] | None = None,
              progress: Progress | None = None, bench_batches: Sequence[int] = (1, 8), bench_seq: int | None = None,
-             bench_seconds: float = 1.5, budget_s: float | None = None, device: str = "cpu") -> OptimizeResult:
+             bench_seconds: float = 1.5, budget_s: float | None = None, device: str = "cpu",
+             samples: SampleRefs | None = None) -> OptimizeResult:
     """Build the ``names`` variants of ``model_path`` under OUT/variants/, prove each against PyTorch, time
     them interleaved with the plain export, and copy the fastest passing one (or the export) to OUT/best.onnx.
 
@@ -266,11 +269,13 @@ def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path, *
     ``budget_s``: no variant is started after that many seconds (the int8 search stops at the budget too).
     The winner is the fastest at batch 1 and, for token inputs, sequence length ``bench_seq`` (default: the
     export size): int8 and fusions pay off differently at 16 and at 128 tokens, so time at your traffic's length.
+    ``samples``: the user's samples with PyTorch's outputs (``prove.samples.references``): static int8 calibrates
+    on them, and every variant is judged on them too (one that fails there is rejected).
     """
     say = progress or noop
     t_start = time.perf_counter()
     wanted = parse_names(names)
-    plan = (default_plan(loaded, device, environment.cpu()["flags"]) if wanted == AUTO
+    plan = (default_plan(loaded, device, environment.cpu()["flags"], calibrated=samples is not None) if wanted == AUTO
             else Plan(tuple(wanted)))
     model_path, out = Path(model_path), Path(out_dir)
     if not model_path.is_file():
@@ -284,7 +289,7 @@ def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path, *
     vdir.mkdir(parents=True, exist_ok=True)
     refs = reference_outputs(loaded, cases if cases is not None else validation_cases(loaded.dims))
     deadline = None if budget_s is None else t_start + budget_s
-    ctx = BuildContext(loaded, tolerance, refs, transformer_params(loaded), say, deadline=deadline)
+    ctx = BuildContext(loaded, tolerance, refs, transformer_params(loaded), say, deadline=deadline, samples=samples)
     threads = default_threads()
     entries = [_baseline(model_path, out, ctx)]
     entries += _build_all(plan, model_path, vdir, out, ctx, t_start)

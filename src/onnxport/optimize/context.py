@@ -17,6 +17,7 @@ from onnxport.core.records import FP32, Tolerance
 from onnxport.core.samples import Case, make_inputs
 from onnxport.optimize.result import Proof
 from onnxport.prove.parity import run_torch
+from onnxport.prove.samples import SampleRefs
 from onnxport.sources.base import LoadedModel
 
 
@@ -35,6 +36,15 @@ class Refs:
     def pick(self, i: int) -> Refs:
         """The references of case ``i`` alone."""
         return Refs(self.cases[i:i + 1], self.inputs[i:i + 1], self.outputs[i:i + 1])
+
+
+def sample_refs(samples: SampleRefs) -> Refs:
+    """The batches of the user's samples as references (the task metric and the int8 search read them like the
+    generated cases; :func:`~onnxport.optimize.policy.prove` judges them apart). Batches PyTorch failed on are
+    left out."""
+    ran = [b for b in samples.batches if b.outputs is not None]
+    return Refs(tuple(Case(f"samples {b.indices[0]}..{b.indices[-1]}", {}, "samples") for b in ran),
+                tuple(b.inputs for b in ran), tuple(list(b.outputs) for b in ran))
 
 
 def reference_outputs(loaded: LoadedModel, cases: Sequence[Case]) -> Refs:
@@ -60,6 +70,12 @@ class BuildContext:
     transformer: dict | None = None  # num_heads / hidden_size / model_type / found_in, see transformer_params
     progress: Progress = noop
     deadline: float | None = None  # time.perf_counter() after which no search goes on (--budget)
+    samples: SampleRefs | None = None  # the user's --samples with PyTorch's outputs: calibration and judging
+
+    @property
+    def judged(self) -> Refs | None:
+        """Where the task metric is judged: the user's samples when given, else the generated cases."""
+        return sample_refs(self.samples) if self.samples is not None else self.refs
 
 
 @dataclass(frozen=True)

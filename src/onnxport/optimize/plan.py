@@ -47,8 +47,10 @@ def _kind(loaded: LoadedModel) -> str:
     return "cnn" if images else "other"
 
 
-def default_plan(loaded: LoadedModel, device: str = "cpu", cpu_flags: Sequence[str] = ()) -> Plan:
-    """The variants that can win for ``loaded`` on ``device`` (``cpu_flags``: this CPU's features)."""
+def default_plan(loaded: LoadedModel, device: str = "cpu", cpu_flags: Sequence[str] = (),
+                 calibrated: bool = False) -> Plan:
+    """The variants that can win for ``loaded`` on ``device`` (``cpu_flags``: this CPU's features;
+    ``calibrated``: the user gave samples, so static int8 of a CNN calibrates on them)."""
     kind = _kind(loaded)
     why: dict[str, str] = {"slim": f"not built by default: {SAME_AS_LOAD}",
                            "ort": f"not built by default: {SAME_AS_LOAD}"}
@@ -69,8 +71,9 @@ def default_plan(loaded: LoadedModel, device: str = "cpu", cpu_flags: Sequence[s
         why["fused"] = why["fused+int8"] = ("not built by default: ONNX Runtime's fusion does not match "
                                             "nn.MultiheadAttention's graph (measured slower than the export)")
     elif kind == "cnn":
-        why["int8"] = ("not built by default: static int8 of a CNN needs calibration images; on generated inputs "
-                       "it fails the top-1 check (resnet18: 0.82)")
+        if not calibrated:
+            why["int8"] = ("not built by default: static int8 of a CNN needs calibration images (--samples); on "
+                           "generated inputs it fails the top-1 check (resnet18: 0.82)")
         why["fused"] = why["fused+int8"] = "not built by default: no attention to fuse"
     else:
         why["fused"] = why["fused+int8"] = "not built by default: no attention to fuse"

@@ -5,6 +5,12 @@
 * ``int8`` (and ``fused+int8``): the task metric only — cosine similarity of the outputs (of the mean-pooled
   sentence embedding for Hugging Face encoders with ``last_hidden_state`` and an ``attention_mask``), plus
   top-1 agreement for classifiers (a 2-D logits output with more than one class).
+
+With ``--samples`` every variant is judged by the same policy on the user's samples too, and a variant that fails
+there is rejected with the reason. The task metric (fp16, int8) is then judged on the samples alone: they are the
+data the model will serve, and generated inputs lie outside it (random noise is no image: static int8 calibrated
+on real images misses the top-1 check on noise and passes it on images); the generated cases must still run, and
+elementwise policies still hold on them. The generated cases' metric stays in the report beside the samples'.
 """
 
 from __future__ import annotations
@@ -15,46 +21,20 @@ from pathlib import Path
 import numpy as np
 
 from onnxport.core.errors import UsageError
-from onnxport.core.records import FP16, Failure, ParityResult, Tolerance
+from onnxport.core.records import FP16, Failure, ParityResult, Tolerance, finite
 from onnxport.optimize.context import Refs
 from onnxport.optimize.graph import short_error
 from onnxport.optimize.result import COSINE_MIN, TOP1_MIN, Metric, Proof
 from onnxport.prove import localize
+from onnxport.prove import samples as proving_samples
+from onnxport.prove.compare import mean_pool, row_cosines, task_kind
 from onnxport.prove.parity import compare
+from onnxport.prove.samples import SampleRefs
 from onnxport.runtime.feeds import FeedMap
 from onnxport.runtime.sessions import session
 from onnxport.sources.base import LoadedModel
 
 # --------------------------------------------------------------------------- task metric
-
-
-def task_kind(loaded: LoadedModel, ref: Sequence[np.ndarray]) -> str:
-    """'sentence-embedding' (mean-pooled, masked), 'classifier' (2-D logits) or 'cosine' (outputs as rows)."""
-    names = [s.name for s in loaded.inputs]
-    if "last_hidden_state" in loaded.output_names and "attention_mask" in names:
-        return "sentence-embedding"
-    first = ref[0] if ref else None
-    if first is not None and first.ndim == 2 and first.shape[1] > 1 and np.issubdtype(first.dtype, np.floating):
-        return "classifier"
-    return "cosine"
-
-
-def mean_pool(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Mean of ``hidden`` [B,S,H] over the positions where ``mask`` [B,S] is set."""
-    m = mask.astype(np.float64)[..., None]
-    return (hidden.astype(np.float64) * m).sum(1) / np.maximum(m.sum(1), 1e-9)
-
-
-def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Cosine similarity of matching rows (1.0 where both rows are ~zero)."""
-    a = a.reshape(a.shape[0], -1).astype(np.float64) if a.ndim else a.reshape(1, 1).astype(np.float64)
-    b = b.reshape(b.shape[0], -1).astype(np.float64) if b.ndim else b.reshape(1, 1).astype(np.float64)
-    na, nb = np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
-    cos = (a * b).sum(1) / np.maximum(na * nb, 1e-30)
-    both_zero = (na < 1e-12) & (nb < 1e-12)
-    cos[both_zero] = 1.0
-    cos[~np.isfinite(cos)] = -1.0
-    return cos
 
 
 def _compared(loaded: LoadedModel, kind: str, tensors: Sequence, ref: Sequence[np.ndarray],
@@ -153,8 +133,49 @@ def _reasons(result: ParityResult, metrics: Sequence[Metric], tol: Tolerance, by
     return reasons
 
 
-def prove(loaded: LoadedModel, name: str, path: Path, refs: Refs, tolerance: Tolerance) -> Proof:
-    """Parity of ``path`` against PyTorch with the policy for ``name``; a failure carries its divergence."""
+def sample_metrics(agreement: dict, cosine_min: float = COSINE_MIN, top1_min: float = TOP1_MIN) -> tuple[Metric, ...]:
+    """The task metrics of :func:`task_metrics`, from the samples' agreement (``prove.samples.agreement``)."""
+    out = []
+    if agreement.get("cosine_min") is not None:
+        name = "cosine (mean-pooled embedding)" if agreement.get("task") == "sentence-embedding" else "cosine"
+        out.append(Metric(name, agreement["cosine_min"], cosine_min, bool(agreement["cosine_min"] >= cosine_min)))
+    if agreement.get("top1_agreement") is not None:
+        out.append(Metric("top1_agreement", agreement["top1_agreement"], top1_min,
+                          bool(agreement["top1_agreement"] >= top1_min)))
+    return tuple(out)
+
+
+def judge_samples(loaded: LoadedModel, name: str, sess, samples: SampleRefs,
+                  tolerance: Tolerance) -> tuple[dict, list[str]]:
+    """Variant ``name`` on the user's samples under its policy: (report ``variants[].samples``, why it fails there).
+
+    Elementwise variants must keep every sample within their tolerance; fp16 and int8 must keep the task metric
+    (worst-sample cosine, top-1 agreement) above its threshold on the samples as on the generated cases."""
+    tol, by_elements, by_metric = tolerance_policy(name, tolerance)
+    proof = proving_samples.check(loaded, "", samples, tol, sess=sess)
+    metrics = sample_metrics(proof.metrics)
+    reasons = []
+    if by_elements and not proof.passed:
+        reasons.append(f"{len(proof.failures)} of {proof.samples.count} samples outside atol {tol.atol:g} / rtol "
+                       f"{tol.rtol:g}; first {proof.first_failure()}")
+    elif not by_elements and any(why.startswith("onnxruntime fails") for _, why in proof.failures):
+        reasons.append(proof.first_failure())
+    if by_metric:
+        reasons += [f"{m.name} {'n/a' if m.value is None else f'{m.value:.4f}'} below {m.threshold}"
+                    for m in metrics if not m.passed]
+    reasons = [f"on the samples of {proof.samples.file}: {r}" for r in reasons]
+    record = {"file": proof.samples.file, "count": proof.samples.count, "passed": not reasons,
+              "max_abs_err": finite(proof.max_abs_err), "failed": len(proof.failures),
+              "first_failure": proof.first_failure(), "metrics": [m.to_dict() for m in metrics],
+              "metric_decides": by_metric, "agreement": dict(proof.metrics)}
+    return record, reasons
+
+
+def prove(loaded: LoadedModel, name: str, path: Path, refs: Refs, tolerance: Tolerance,
+          samples: SampleRefs | None = None) -> Proof:
+    """Parity of ``path`` against PyTorch with the policy for ``name`` on the generated cases and, when given, on
+    the user's ``samples`` (where the task metric is then judged: see the module docstring); a failure on the
+    generated cases carries its divergence."""
     tol, by_elements, by_metric = tolerance_policy(name, tolerance)
     try:
         sess = session(path)
@@ -162,12 +183,12 @@ def prove(loaded: LoadedModel, name: str, path: Path, refs: Refs, tolerance: Tol
         return Proof(passed=False, reason=e.message, tolerance=tol.to_dict())
     result: ParityResult = compare(loaded, path, cases=list(refs.cases), tolerance=tol, sess=sess)
     metrics = task_metrics(loaded, refs, sess)
-    reasons = _reasons(result, metrics, tol, by_elements, by_metric)
-    passed = not reasons
+    reasons = _reasons(result, metrics, tol, by_elements, by_metric and samples is None)
+    on_samples, more = judge_samples(loaded, name, sess, samples, tolerance) if samples else (None, [])
     err = result.max_abs_err
-    return Proof(passed=passed, reason="; ".join(reasons) or None, tolerance=tol.to_dict(),
+    return Proof(passed=not reasons and not more, reason="; ".join(reasons + more) or None, tolerance=tol.to_dict(),
                  max_abs_err=float(err) if np.isfinite(err) else None, metrics=metrics, metric=_headline(metrics),
-                 divergence=None if passed else _localize(loaded, path, refs, result, tol))
+                 divergence=None if not reasons else _localize(loaded, path, refs, result, tol), samples=on_samples)
 
 
 def _localize(loaded: LoadedModel, path: Path, refs: Refs, result: ParityResult, tol: Tolerance) -> dict | None:

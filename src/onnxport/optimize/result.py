@@ -71,6 +71,7 @@ class Proof:
     metrics: tuple[Metric, ...] = ()
     metric: dict | None = None
     divergence: dict | None = None
+    samples: dict | None = None  # the same policy on the user's --samples (report variants[].samples)
 
     def variant_fields(self) -> dict[str, Any]:
         """The Variant keyword arguments (shallow: the Metric objects stay as they are)."""
@@ -99,6 +100,7 @@ class Variant:
     divergence: dict | None = None
     details: dict = field(default_factory=dict)
     batch_invariant: dict | None = None  # prove.batching: each row alone == inside a batch
+    samples: dict | None = None  # judged on the user's --samples too (metrics, failing samples)
 
     def to_dict(self) -> dict:
         """The report.json ``variants[]`` entry."""
@@ -109,7 +111,8 @@ class Variant:
                 "speedup": self.speedup, "build_seconds": round(self.build_seconds, 3),
                 "prove_seconds": round(self.prove_seconds, 3), "tolerance": self.tolerance,
                 "divergence": self.divergence, "details": self.details,
-                **({"batch_invariant": self.batch_invariant} if self.batch_invariant is not None else {})}
+                **({"batch_invariant": self.batch_invariant} if self.batch_invariant is not None else {}),
+                **({"samples": self.samples} if self.samples is not None else {})}
 
 
 @dataclass(frozen=True)

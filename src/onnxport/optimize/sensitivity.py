@@ -24,6 +24,7 @@ from onnxport.runtime.sessions import session
 from onnxport.sources.base import LoadedModel
 
 POOL = 8  # candidates re-tried after the first greedy step
+SEARCH_ROWS = 8  # the worst rows a search round runs on (the user's samples may fail in many batches)
 MAX_ROUNDS = 4  # search, quantize, re-check: a case the real kernels still fail joins the next round
 METHOD = ("greedy: the node whose fp32 restores the task metric most is kept in fp32, one at a time, on a "
           "model simulating dynamic int8 per node (one run per question); then the real file is re-proven")
@@ -174,10 +175,11 @@ def failing_cases(loaded: LoadedModel, refs: Refs, sess) -> list[int]:
     return out
 
 
-def worst_rows(loaded: LoadedModel, refs: Refs, idx: Sequence[int], sess) -> Refs:
+def worst_rows(loaded: LoadedModel, refs: Refs, idx: Sequence[int], sess, limit: int = SEARCH_ROWS) -> Refs:
     """Each failing case cut down to its worst batch row under ``sess`` (rows are independent, and the
-    search runs them many times: one row of the largest case costs a fraction of the whole case)."""
-    cases, inputs, outputs = [], [], []
+    search runs them many times: one row of the largest case costs a fraction of the whole case); the
+    ``limit`` worst of those rows (a round's re-check brings back any other that still fails)."""
+    picked = []
     for i in idx:
         case, tensors, ref = refs.cases[i], refs.inputs[i], refs.outputs[i]
         batched = [bool(s.shape) and isinstance(s.shape[0], str) and t.ndim > 0 for s, t in zip(loaded.inputs, tensors)]
@@ -193,10 +195,11 @@ def worst_rows(loaded: LoadedModel, refs: Refs, idx: Sequence[int], sess) -> Ref
                 one = Refs((case,), (cut(k),), ([o[k:k + 1] for o in ref],))
                 worst, r = min((worst, r), (metric_margin(task_metrics(loaded, one, sess)), k))
             tensors, ref = cut(r), [o[r:r + 1] for o in ref]
-        cases.append(case)
-        inputs.append(tensors)
-        outputs.append(ref)
-    return Refs(tuple(cases), tuple(inputs), tuple(outputs))
+        else:
+            worst = metric_margin(task_metrics(loaded, Refs((case,), (tensors,), (ref,)), sess))
+        picked.append((worst, len(picked), case, tensors, ref))
+    picked = sorted(picked, key=lambda p: p[:2])[:limit]
+    return Refs(tuple(p[2] for p in picked), tuple(p[3] for p in picked), tuple(p[4] for p in picked))
 
 
 # --------------------------------------------------------------------------- the builder
@@ -220,7 +223,8 @@ def _search_rounds(name: str, src: Path, dst: Path, ctx: BuildContext, refs: Ref
     kept: tuple[str, ...] = ()
     search = None
     rounds = evaluations = 0
-    while failing and rounds < MAX_ROUNDS:
+    while failing and rounds < MAX_ROUNDS and (rounds == 0 or ctx.deadline is None
+                                               or time.perf_counter() < ctx.deadline):  # --budget
         rounds += 1
         ctx.progress(f"variant {name}: searching which nodes to keep in fp32 (round {rounds}, "
                      f"{len(failing)} case(s))")
@@ -243,24 +247,26 @@ def build_int8_searched(name: str, src: Path, dst: Path, ctx: BuildContext) -> B
     metric, keep the fewest nodes in fp32 that make it pass.
 
     The nodes are chosen by :func:`int8_search` on the failing cases; the real quantized file is then
-    checked on the whole matrix, and a case that still fails joins the search (at most four rounds). The
-    outcome carries the proof of ``dst`` (the variant is not proven again).
+    checked on the whole matrix, and a case that still fails joins the search (at most four rounds). With the
+    user's samples the search runs on them instead (the task metric is judged there). The outcome carries the
+    proof of ``dst`` (the variant is not proven again).
     """
     plain = build_int8(src, dst, ctx)
     refs = ctx.refs
     if plain.details.get("format") == "QDQ" or refs is None:
         return plain
     t0 = time.perf_counter()
-    proof = prove(ctx.loaded, name, dst, refs, ctx.tolerance)
+    proof = prove(ctx.loaded, name, dst, refs, ctx.tolerance, ctx.samples)
     spent = time.perf_counter() - t0
     if proof.passed:
         return BuildOutcome(plain.details, proof, spent)
     details = dict(plain.details)
-    failing = failing_cases(ctx.loaded, refs, session(dst))
+    searched = ctx.judged  # the task metric is judged on the user's samples when given
+    failing = failing_cases(ctx.loaded, searched, session(dst))
     t_search = time.perf_counter()
-    found = _search_rounds(name, src, dst, ctx, refs, details, failing)
+    found = _search_rounds(name, src, dst, ctx, searched, details, failing)
     t0 = time.perf_counter()
-    proof_after = prove(ctx.loaded, name, dst, refs, ctx.tolerance)
+    proof_after = prove(ctx.loaded, name, dst, refs, ctx.tolerance, ctx.samples)
     spent = time.perf_counter() - t0
     sens = {"kept_fp32": list(found.kept), "of": found.search.candidates if found.search else 0,
             "plain_int8_metric": proof.metric, "method": METHOD, "rounds": found.rounds,

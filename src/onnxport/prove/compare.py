@@ -2,6 +2,9 @@
 means when elementwise is the wrong question — ``detections`` matched by IoU (their number depends on the data),
 ``topk`` agreement for classifier scores, ``cosine`` for embeddings.
 
+What a task metric compares (:func:`task_kind`: classifier logits, the mean-pooled embedding of an encoder) and the
+row cosines live here too: the proof on the user's samples and the variants' policy both read them.
+
 The rule of each output is resolved once after loading (:func:`resolve`: the user's ``--compare NAME=KIND``
 over what the outputs look like) and kept in ``LoadedModel.compare``; parity applies it on every case.
 """
@@ -285,6 +288,25 @@ def match_detections(ref: dict[str, np.ndarray], got: dict[str, np.ndarray], tol
 # --------------------------------------------------------------------------- topk and cosine
 
 
+def task_kind(loaded: LoadedModel, ref: Sequence[np.ndarray]) -> str:
+    """What a task metric compares: 'sentence-embedding' (mean-pooled, masked), 'classifier' (2-D logits) or 'cosine' (outputs as rows)."""
+    names = [s.name for s in loaded.inputs]
+    if "last_hidden_state" in loaded.output_names and "attention_mask" in names:
+        return "sentence-embedding"
+    first = ref[0] if ref else None
+    if first is not None and first.ndim == 2 and first.shape[1] > 1 and np.issubdtype(first.dtype, np.floating):
+        return "classifier"
+    return "cosine"
+
+
+def mean_pool(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Mean of ``hidden`` [B,S,H] over the positions where ``mask`` [B,S] is set."""
+    m = mask.astype(np.float64)[..., None]
+    return (hidden.astype(np.float64) * m).sum(1) / np.maximum(m.sum(1), 1e-9)
+
+
+
+
 def topk_agreement(ref: np.ndarray, got: np.ndarray, tol: Tolerance, k: int = 5) -> dict:
     """Top-1 and top-k agreement over the last axis; a disagreement between scores tied within the tolerance
     does not count."""
@@ -306,6 +328,18 @@ def topk_agreement(ref: np.ndarray, got: np.ndarray, tol: Tolerance, k: int = 5)
     n = len(r)
     return {"compare": "topk", "k": k, "top1_agree": top1 / n, "topk_agree": topk / n,
             "passed": top1 == n and topk == n}
+
+
+def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine similarity of matching rows (1.0 where both rows are ~zero)."""
+    a = a.reshape(a.shape[0], -1).astype(np.float64) if a.ndim else a.reshape(1, 1).astype(np.float64)
+    b = b.reshape(b.shape[0], -1).astype(np.float64) if b.ndim else b.reshape(1, 1).astype(np.float64)
+    na, nb = np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
+    cos = (a * b).sum(1) / np.maximum(na * nb, 1e-30)
+    both_zero = (na < 1e-12) & (nb < 1e-12)
+    cos[both_zero] = 1.0
+    cos[~np.isfinite(cos)] = -1.0
+    return cos
 
 
 def cosine_agreement(ref: np.ndarray, got: np.ndarray, tol: Tolerance) -> dict:

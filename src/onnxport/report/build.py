@@ -26,6 +26,7 @@ from onnxport.core.records import (
 from onnxport.core.version import __version__
 from onnxport.optimize import OptimizeResult
 from onnxport.prove.branches import Site
+from onnxport.prove.samples import SampleProof
 from onnxport.runtime import Placement
 from onnxport.sources.base import LoadedModel
 
@@ -56,7 +57,9 @@ class Outcome:
     stage_seconds: Mapping[str, float] = field(default_factory=dict)  # optimize / bench, rounded in the report
     benchmark: BenchResult | None = None
     batch_invariance: BatchInvariance | None = None  # the export's rows alone vs inside a batch
+    samples: SampleProof | None = None  # the export on the user's --samples
     log: str | None = None  # the file beside report.json holding what the libraries printed (the CLI writes it)
+    decoder: dict | None = None  # a causal LM exported with its KV cache: layout, export tries, step cases, generations
 
     def but(self, **changes: Any) -> Outcome:
         """A copy with ``changes`` (the next checkpoint)."""
@@ -123,12 +126,16 @@ def build_report(o: Outcome) -> dict:
                              "branches": [s.to_dict() for s in o.branches], "compare": dict(loaded.compare)}
         if o.batch_invariance is not None:
             rep["validation"]["batch_invariance"] = o.batch_invariance.to_dict()
+        if o.samples is not None:
+            rep["validation"]["samples"] = o.samples.to_dict()
     if o.placement is not None:
         rep["runtime"] = o.placement.to_dict()
     if o.optimized is not None:
         best = o.optimized.best
         rep["best"] = None if best is None else {"name": best.name, "path": "best.onnx", "speedup": best.speedup,
                                                  "timed_at": o.optimized.timed_at}
+    if o.decoder is not None:
+        rep["decoder"] = o.decoder
     if o.log:
         rep["log"] = o.log
     rep["summary"] = summary_sentence(rep)
@@ -152,7 +159,10 @@ def summary_sentence(rep: dict) -> str:
         worst = max((c["max_abs_err"] or 0.0 for c in cases), default=0.0)
         syms = list(dict.fromkeys(d["symbol"] for d in rep["check"]["dynamic_dims"]))
         dyn = f"; dynamic dims {', '.join(syms)} proven" if syms else ""
-        return (f"Proven: the ONNX model matches PyTorch on {n_ok}/{len(cases)} cases "
+        mine = val.get("samples")
+        also = f" and on {mine['count']} samples of {mine['file']}" if mine else ""
+        worst = max(worst, (mine or {}).get("max_abs_err") or 0.0)
+        return (f"Proven: the ONNX model matches PyTorch on {n_ok}/{len(cases)} cases{also} "
                 f"(max abs error {worst:.2e}){dyn}.")
     first = next((d for d in rep["diagnostics"] if d["severity"] == "error"), None)
     reason = first["message"] if first else "validation failed"

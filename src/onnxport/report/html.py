@@ -184,6 +184,69 @@ def _errors_figure(cases: list[dict], atol: float | None) -> str:
     return _div(fig, "chart-errors")
 
 
+def _samples_figure(errors: list, failing: list[int], atol: float | None) -> str:
+    """Histogram of the per-sample max abs error on log10 bins (passing and failing samples stacked); exact
+    zeros fall in the lowest bin, the dashed line is atol."""
+    import plotly.graph_objects as go
+
+    finite = [(i, e) for i, e in enumerate(errors) if isinstance(e, (int, float)) and math.isfinite(e)]
+    positive = [e for _, e in finite if e > 0] + ([atol] if atol else [])
+    floor = min(positive) / 10 if positive else 1e-12
+    logs = {i: math.log10(e if e > 0 else floor) for i, e in finite}
+    lo, hi = math.floor(min(logs.values(), default=-12)), math.ceil(max([*logs.values(), math.log10(floor)]) + 1e-9)
+    hi = max(hi, lo + 1, math.ceil(math.log10(atol)) + 1 if atol else hi)
+    bins = {"start": lo, "end": hi, "size": (hi - lo) / min(40, max(8, 4 * (hi - lo)))}
+    bad = set(failing)
+    fig = go.Figure()
+    for name, color, keep in (("passed", _OK, lambda i: i not in bad), ("failed", _FAIL, lambda i: i in bad)):
+        xs = [x for i, x in logs.items() if keep(i)]
+        if xs:
+            fig.add_trace(go.Histogram(x=xs, xbins=bins, name=f"{name} ({len(xs)})", marker_color=color,
+                                       hovertemplate="10^%{x}: %{y} sample(s)<extra></extra>"))
+    if atol:
+        fig.add_vline(x=math.log10(atol), line_dash="dash", line_color="#57606a")
+        fig.add_annotation(x=math.log10(atol), y=1, yref="paper", text=f"atol {atol:g}", showarrow=False,
+                           xanchor="left", yanchor="top", font={"color": "#57606a"})
+    decades = list(range(lo, hi + 1))
+    fig.update_xaxes(title_text="max abs error of the sample (log scale)", tickvals=decades,
+                     ticktext=[f"1e{k}" for k in decades], range=[lo - 0.2, hi + 0.2])
+    fig.update_yaxes(title_text="samples", rangemode="tozero", **({"dtick": 1} if len(errors) <= 12 else {}))
+    fig.update_layout(**_layout(barmode="stack", bargap=0.05))
+    return _div(fig, "chart-samples")
+
+
+def _samples_view(samples: dict | None) -> dict | None:
+    """The ``validation.samples`` section with defaults and its metrics as (label, value) rows."""
+    if not samples:
+        return None
+    m = samples.get("metrics") or {}
+    rows = [(label, m[key]) for key, label in (("top1_agreement", "top-1 agreement"),
+                                                ("topk_agreement", f"top-{m.get('k', 5)} agreement"),
+                                                ("cosine_min", "cosine, lowest sample"),
+                                                ("cosine_mean", "cosine, mean")) if m.get(key) is not None]
+    how = samples.get("transform") or (f"tokenizer {samples['tokenizer']}" if samples.get("tokenizer") else "")
+    return dict({"file": "?", "kind": "?", "count": 0, "failed": 0, "failures": [], "batch_size": None,
+                 "passed": False, "max_abs_err": None}, **samples, metric_rows=rows, how=how,
+                task=m.get("task"))
+
+
+def _variant_samples(x: dict) -> str | None:
+    """One variant's result on the samples: its metrics, or how many samples fail."""
+    s = x.get("samples")
+    if not s:
+        return None
+    parts = [f"{m['name']} {_fmt_num(m['value'], 4)}" for m in s.get("metrics") or [] if m.get("value") is not None]
+    if s.get("failed") and not s.get("metric_decides"):  # elementwise policies: samples outside the tolerance
+        parts.append(f"{s['failed']} sample(s) off")
+    return " · ".join(parts) or ("pass" if s.get("passed") else "fail")
+
+
+def _variants_view(entries: list[dict]) -> list[dict]:
+    """``variants[]`` with every key the table reads, and the result on the samples in words."""
+    return [dict({"name": "?", "path": None, "nodes": None, "bytes": None, "passed": False, "max_abs_err": None,
+                  "metric": None, "latency_ms": None}, **x, on_samples=_variant_samples(x)) for x in entries]
+
+
 def baseline_backend(backends: list[str]) -> str | None:
     """The backend speedups are measured against: PyTorch eager where it ran, else another PyTorch backend."""
     torch = [b for b in backends if "torch" in b.lower() and "onnx" not in b.lower()]
@@ -265,12 +328,17 @@ def _view(report: dict) -> dict:
                               passed=bool(c.get("passed"))))
     failed_cases = [c for c in cases if not c["passed"]]
 
-    charts: dict[str, str | None] = {"ops": None, "errors": None, "latency": None, "speedup": None}
+    charts: dict[str, str | None] = {"ops": None, "errors": None, "latency": None, "speedup": None,
+                                     "samples": None}
     histogram = dict((check or {}).get("op_histogram") or {})
     if histogram:
         charts["ops"] = _ops_figure(histogram)
     if cases:
         charts["errors"] = _errors_figure(cases, tol.get("atol"))
+    samples = _samples_view((val or {}).get("samples"))
+    if samples and samples.get("errors"):
+        charts["samples"] = _samples_figure(samples["errors"], samples.get("failing") or [],
+                                            (samples.get("tolerance") or tol).get("atol"))
     runs = [r for r in (bench or {}).get("runs") or [] if r.get("p50_ms") is not None]
     baseline = None
     if runs:
@@ -297,8 +365,7 @@ def _view(report: dict) -> dict:
         env_rows.append(("CPU", " · ".join(str(x) for x in (cpu.get("model"), f"{cpu['cores']} cores"
                                                              if cpu.get("cores") else None,
                                                              " ".join(cpu.get("flags") or [])) if x)))
-    variants = [dict({"name": "?", "path": None, "nodes": None, "bytes": None, "passed": False, "max_abs_err": None,
-                      "metric": None, "latency_ms": None}, **x) for x in report.get("variants") or []]
+    variants = _variants_view(report.get("variants") or [])
     model_path = exp.get("path") or ("model.onnx" if status == "ok" else None)
     return {
         "status": status, "title": title, "tone": tone,
@@ -310,8 +377,8 @@ def _view(report: dict) -> dict:
         "attempts": exp.get("attempts") or [], "inputs": exp.get("inputs") or [], "outputs": exp.get("outputs") or [],
         "check": check, "dims": dims, "histogram": sorted(histogram.items(), key=lambda kv: (-kv[1], kv[0])),
         "validation": val, "tolerance": tol, "cases": cases, "failed_cases": failed_cases, "n_ok": n_ok,
-        "divergence": (val or {}).get("divergence"),
-        "variants": variants, "benchmark": bench, "runs": runs, "baseline": baseline,
+        "divergence": (val or {}).get("divergence"), "samples": samples,
+        "variants": variants, "variants_on_samples": any(x["on_samples"] for x in variants), "benchmark": bench, "runs": runs, "baseline": baseline,
         "diagnostics": diags, "n_errors": sum(d["severity"] == "error" for d in diags),
         "environment": env, "env_rows": env_rows, "packages": sorted((env.get("packages") or {}).items()),
         "timings": report.get("timings") or {}, "model_path": model_path, "charts": charts,

@@ -39,6 +39,7 @@ def render_markdown(report: dict) -> str:
             lines.append(f"| {c.get('label', '')} | {shapes} | {_fmt(c['max_abs_err'])} | "
                          f"{'✅' if c['passed'] else '❌ ' + (c.get('error') or '')} |")
         lines.append("")
+        lines += _samples(val.get("samples"), report.get("variants") or [])
         if val.get("branches"):
             lines += ["| control flow | module | exercised | covered |", "|---|---|---|---|"]
             for b in val["branches"]:
@@ -55,3 +56,28 @@ def render_markdown(report: dict) -> str:
                          + (f" — {d['hint']}" if d.get("hint") else ""))
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _samples(s: dict | None, variants: list[dict]) -> list[str]:
+    """The proof on the user's samples, and each variant's metrics on them."""
+    if not s:
+        return []
+    m = s.get("metrics") or {}
+    shown = [f"{label} {m[key]:.4f}" for key, label in (("top1_agreement", "top-1 agreement"),
+                                                         ("topk_agreement", f"top-{m.get('k', 5)} agreement"),
+                                                         ("cosine_min", "lowest cosine"))
+             if isinstance(m.get(key), (int, float))]
+    lines = [f"**Samples** {s['count'] - s['failed']}/{s['count']} of `{s['file']}` ({s['kind']}) match PyTorch, "
+             f"max abs err {_fmt(s.get('max_abs_err'))}" + (f"; {', '.join(shown)}" if shown else ""), ""]
+    for f in (s.get("failures") or [])[:5]:
+        where = "" if f["where"] == f"sample {f['index']}" else f" ({f['where']})"
+        lines.append(f"- ❌ sample {f['index']}{where}: {f['error']}")
+    judged = [v for v in variants if v.get("samples")]
+    if judged:
+        lines += ["", "| variant | on the samples | verdict |", "|---|---|---|"]
+        for v in judged:
+            metrics = ", ".join(f"{x['name']} {x['value']:.4f}" for x in v["samples"].get("metrics") or []
+                                if x.get("value") is not None) or "–"
+            verdict = "✅" if v["passed"] else "❌ " + str(v.get("reason") or "")
+            lines.append(f"| {v['name']} | {metrics} | {verdict} |")
+    return lines + [""]

@@ -22,7 +22,7 @@ from onnxport.sources.finish import ensure_module, finish
 def load_python(source: str, inputs: list[InputSpec], dims: list[Dim], model_args: dict[str, Any],
                 weights: str | None) -> LoadedModel:
     left, attr = source.rsplit(":", 1)
-    module = _import_file(left) if left.endswith(".py") else _import_module(left)
+    module = import_file(left) if left.endswith(".py") else _import_module(left)
     if not hasattr(module, attr):
         found = sorted(n for n, v in vars(module).items()
                        if inspect.isclass(v) and issubclass(v, nn.Module) and v.__module__ == module.__name__)
@@ -62,14 +62,16 @@ def _signature(fn: Any) -> str:
         return "(...)"
 
 
-def _import_file(path_text: str):
+def import_file(path_text: str, what: str = "model file"):
+    """Import a Python file as a module; every failure (missing, syntax, import, exit, raise) is a one-line
+    SourceError naming ``what`` it is."""
     path = Path(path_text)
     if not path.is_file():
-        raise SourceError(f"model file not found: {path}", "check the path before the ':'")
+        raise SourceError(f"{what} not found: {path}", "check the path before the ':'")
     name = f"onnxport_user_{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise SourceError(f"cannot import {path}", "the model file must be a Python source file")
+        raise SourceError(f"cannot import {path}", f"the {what} must be a Python source file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     parent = str(path.resolve().parent)
@@ -78,7 +80,7 @@ def _import_file(path_text: str):
         spec.loader.exec_module(module)
     except SyntaxError as e:
         sys.modules.pop(name, None)
-        raise SourceError(f"syntax error in {path}, line {e.lineno}: {e.msg}", "fix the model file") from None
+        raise SourceError(f"syntax error in {path}, line {e.lineno}: {e.msg}", f"fix the {what}") from None
     except ImportError as e:
         sys.modules.pop(name, None)
         raise SourceError(f"{path} fails to import: {e}", "install the missing package or fix the import") from None
@@ -90,7 +92,7 @@ def _import_file(path_text: str):
         sys.modules.pop(name, None)
         where = traceback.extract_tb(e.__traceback__)[-1]
         raise SourceError(f"{path} raised {type(e).__name__} at line {where.lineno} while importing: {str(e)[:200]}",
-                          "the model file must import without errors") from None
+                          f"the {what} must import without errors") from None
     finally:
         if sys.path and sys.path[0] == parent:
             sys.path.pop(0)

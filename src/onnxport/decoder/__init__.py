@@ -1,0 +1,38 @@
+"""Decoder language models with a KV cache: one ONNX model taking ``past_key_values.{i}.key/.value`` and
+returning ``logits`` and ``present.{i}.key/.value``, proven step by step and by greedy generation."""
+
+from onnxport.decoder.export import export_decoder
+from onnxport.decoder.flow import CACHE_TASKS, MAX_LENGTH, run, run_model, wants_cache
+from onnxport.decoder.layout import CachedDecoder, cache_layout, is_causal_lm
+from onnxport.decoder.outcome import to_outcome
+from onnxport.decoder.prove import greedy, prove_decoder, step_matrix
+from onnxport.decoder.records import (
+    CacheLayout,
+    DecoderExport,
+    DecoderOutcome,
+    DecoderProof,
+    GenerationCheck,
+    StepCase,
+)
+
+__all__ = [
+    "CACHE_TASKS",
+    "MAX_LENGTH",
+    "CacheLayout",
+    "CachedDecoder",
+    "DecoderExport",
+    "DecoderOutcome",
+    "DecoderProof",
+    "GenerationCheck",
+    "StepCase",
+    "cache_layout",
+    "export_decoder",
+    "greedy",
+    "is_causal_lm",
+    "prove_decoder",
+    "run",
+    "run_model",
+    "step_matrix",
+    "to_outcome",
+    "wants_cache",
+]

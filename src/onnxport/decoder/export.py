@@ -1,0 +1,109 @@
+"""The decoder with its KV cache as ONE ONNX model (dynamo exporter, dynamic batch / seq / past / total), at the
+newest opset onnxruntime can run."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from onnxport.core.errors import ExportFailed, UsageError
+from onnxport.core.logs import captured_output
+from onnxport.core.onnxfile import external_threshold
+from onnxport.decoder.layout import CachedDecoder, step_inputs
+from onnxport.decoder.records import CacheLayout, DecoderExport
+from onnxport.exporters.opsets import MIN_OPSET, default_opset, exporter_max_opset
+from onnxport.runtime.sessions import session
+
+EXAMPLE = {"batch": 2, "past": 5, "new": 3}  # never 0 or 1, all different (docs/architecture.md)
+MAX_BATCH = 64
+OPSET_TRIES = 4  # newest first, until onnxruntime runs one
+
+
+def dynamic_shapes(layout: CacheLayout) -> tuple:
+    """torch.export dims: batch, seq (new tokens), past (0..max-1) and total (the mask: past + seq)."""
+    dim = torch.export.Dim
+    batch = dim("batch", min=1, max=MAX_BATCH)
+    seq = dim("seq", min=1, max=layout.max_length)
+    past = dim("past", min=0, max=layout.max_length - 1)
+    total = dim("total", min=1, max=layout.max_length)
+    rest = (({0: batch, 1: seq},) if layout.position_ids else ()) + tuple(
+        {0: batch, 2: past} for _ in range(2 * layout.layers))
+    return ({0: batch, 1: seq}, {0: batch, 1: total}, rest)  # CachedDecoder.forward(ids, mask, *rest)
+
+
+def export_decoder(model: nn.Module, layout: CacheLayout, path: str | Path, *, opset: int | None = None
+                   ) -> DecoderExport:
+    """Export ``model`` with its cache to ``path``; without ``opset`` the newest opset whose export
+    onnxruntime runs at past 0 and past > 0 (newer ones are listed in ``tried``)."""
+    path = Path(path)
+    newest = default_opset("dynamo")
+    if opset is not None and not MIN_OPSET <= opset <= min(newest, exporter_max_opset("dynamo")):
+        raise UsageError(f"opset {opset} is not supported here (newest usable: {newest})",
+                         f"pick an opset between {MIN_OPSET} and {newest}, or leave --opset out")
+    versions = [opset] if opset is not None else list(range(newest, max(MIN_OPSET, newest - OPSET_TRIES) - 1, -1))
+    tried: list[str] = []
+    t0 = time.perf_counter()
+    for version in versions:
+        try:
+            _export_once(model, layout, path, version)
+        except Exception as e:  # noqa: BLE001 - torch.export fails alike at every opset
+            raise ExportFailed(f"the decoder with its cache could not be exported at opset {version}: "
+                               f"{_export_error(e)}", "export it without a cache, or report the model",
+                               code="export-failed") from None
+        broken = ort_cannot_run(path, layout)
+        if broken is None or opset is not None:
+            return DecoderExport(path, version, time.perf_counter() - t0, tuple(tried))
+        tried.append(f"opset {version}: {broken}")
+    raise ExportFailed(f"the decoder with its cache could not be exported ({'; '.join(tried)})",
+                       "try another --opset, or export without a cache", code="export-failed")
+
+
+def _export_once(model: nn.Module, layout: CacheLayout, path: Path, opset: int) -> None:
+    wrapper = CachedDecoder(model, layout).eval()
+    example = step_inputs(layout, batch=EXAMPLE["batch"], past=EXAMPLE["past"], new=EXAMPLE["new"])
+    size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in (path, path.with_name(path.name + ".data")):
+        stale.unlink(missing_ok=True)
+    chatter: list[str] = []
+    with warnings.catch_warnings(), captured_output(chatter), torch.no_grad():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(wrapper, tuple(example), dynamo=True, dynamic_shapes=dynamic_shapes(layout),
+                                    input_names=list(layout.input_names), output_names=list(layout.output_names),
+                                    opset_version=opset, optimize=True, verbose=False)
+        program.save(str(path), external_data=size > external_threshold())
+
+
+def ort_cannot_run(path: Path, layout: CacheLayout) -> str | None:
+    """Why onnxruntime cannot load ``path`` or run it on a prompt (past 0) and on a step with a cache (None
+    when it can)."""
+    try:
+        sess = session(path, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - any refusal is the answer
+        return f"onnxruntime cannot load it: {_first_line(e)}"
+    for past, new in ((0, 3), (EXAMPLE["past"], 1)):
+        feeds = step_inputs(layout, batch=1, past=past, new=new)
+        try:
+            sess.run(None, {n: t.numpy() for n, t in zip(layout.input_names, feeds)})
+        except Exception as e:  # noqa: BLE001
+            return f"onnxruntime cannot run it at past {past}: {_first_line(e)}"
+    return None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(getattr(e, "message", e)).strip()
+    return " ".join(text.split())[:240] if text else type(e).__name__
+
+
+def _export_error(e: BaseException) -> str:
+    """The torch.export exception summary's first line, else the error's first line."""
+    text = str(e)
+    if "Exception summary" in text:
+        lines = [ln.strip() for ln in text.split("Exception summary", 1)[1].splitlines() if ln.strip()]
+        if lines:
+            return lines[0][:240]
+    return _first_line(e)

@@ -1,0 +1,63 @@
+"""A decoder run in the report's terms: its export as an ExportResult, its step cases as parity cases, the
+generations as diagnostics, so ``report.json`` keeps its contract and gains a ``decoder`` section."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from onnxport.core.diagnostics import Diagnostic, error, info
+from onnxport.core.records import Attempt, CaseResult, ExportResult, Failure, ParityResult
+from onnxport.decoder.records import DecoderOutcome, StepCase
+from onnxport.prove.check import check
+from onnxport.report.build import Outcome
+from onnxport.sources.base import LoadedModel
+
+
+def _case(c: StepCase, kv_heads: int, head_dim: int) -> CaseResult:
+    label = f"batch {c.batch}, past {c.past}, {c.new} new"
+    shapes = {"input_ids": [c.batch, c.new], "past_key_values.0.key": [c.batch, kv_heads, c.past, head_dim]}
+    worst = max(c.max_abs_err_logits, c.max_abs_err_presents)
+    return CaseResult(label, shapes, "random", worst, c.max_rel_err, c.passed, c.error,
+                      {"logits": {"max_abs_err": c.max_abs_err_logits, "passed": c.passed},
+                       "presents": {"max_abs_err": c.max_abs_err_presents, "passed": c.passed}},
+                      sizes={"batch": c.batch, "past": c.past, "seq": c.new},
+                      failure=None if c.passed else Failure.MISMATCH)
+
+
+def _attempts(dec: DecoderOutcome) -> tuple[Attempt, ...]:
+    tried = tuple(Attempt("dynamo", False, 0.0, dec.export.opset, reason) for reason in dec.export.tried)
+    note = f"KV cache: {dec.layout.layers} layers, {dec.layout.kv_heads} kv heads, up to {dec.layout.max_length} tokens"
+    return (*tried, Attempt("dynamo", True, dec.export.seconds, dec.export.opset, note=note))
+
+
+def diagnostics(dec: DecoderOutcome) -> list[Diagnostic]:
+    """What the proof found, the failing generation first."""
+    out: list[Diagnostic] = []
+    for g in dec.proof.generations:
+        if not g.passed:
+            where = g.error or f"first differs at step {g.first_divergent_step}"
+            out.append(error("generation-diverged",
+                             f"greedy generation '{g.name}' ({g.batch} row(s), prompts {list(g.prompt_lengths)}) "
+                             f"does not equal model.generate: {where}",
+                             hint="see the step cases below; a failing step case names the past length where "
+                                  "logits or presents part"))
+    failed = [c for c in dec.proof.cases if not c.passed]
+    if failed:
+        c = failed[0]
+        out.append(error("parity-failed", f"{len(failed)} of {len(dec.proof.cases)} step cases fail; first: batch "
+                         f"{c.batch}, past {c.past}, {c.new} new token(s): {c.error or 'outputs differ'}",
+                         hint="a cache length the export did not keep dynamic, or a position the mask sets wrong"))
+    if dec.proof.passed:
+        agree = ", ".join(f"{g.name} {sum(g.agreement)}/{g.new_tokens}" for g in dec.proof.generations)
+        out.append(info("generation-proven", f"greedy generation equals model.generate token for token ({agree})"))
+    return out
+
+
+def to_outcome(dec: DecoderOutcome, loaded: LoadedModel, command: str | None, diags: list[Diagnostic],
+               timings: Mapping[str, float]) -> Outcome:
+    """The report outcome of a decoder run (``decoder`` holds the records the contract has no place for)."""
+    result = ExportResult(dec.path, "dynamo", dec.export.opset, dec.export.seconds, _attempts(dec), False)
+    cases = tuple(_case(c, dec.layout.kv_heads, dec.layout.head_dim) for c in dec.proof.cases)
+    parity = ParityResult(dec.proof.passed, dec.proof.tolerance, cases)
+    return Outcome(loaded, command, tuple(diags) + tuple(diagnostics(dec)), dict(timings), export=result,
+                   check=check(dec.path), parity=parity, model_path=dec.path.name, decoder=dec.to_dict())

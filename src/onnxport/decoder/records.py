@@ -1,0 +1,135 @@
+"""The records of a decoder export with a KV cache: the cache layout, the export, each proof case, each greedy
+generation and the whole outcome (frozen dataclasses with ``to_dict`` for the report)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from onnxport.core.records import Tolerance
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """What the exported cache tensors look like: ``past_key_values.{i}.key`` / ``.value`` are
+    [batch, kv_heads, past, head_dim] for i in range(layers)."""
+
+    architecture: str
+    model_type: str
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    position_ids: bool  # whether forward() takes position_ids (fed from the attention mask's cumsum)
+    max_length: int  # the declared maximum of past + new tokens
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        ids = ("input_ids", "attention_mask") + (("position_ids",) if self.position_ids else ())
+        return ids + tuple(f"past_key_values.{i}.{kv}" for i in range(self.layers) for kv in ("key", "value"))
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return ("logits",) + tuple(f"present.{i}.{kv}" for i in range(self.layers) for kv in ("key", "value"))
+
+    def to_dict(self) -> dict:
+        return {"architecture": self.architecture, "model_type": self.model_type, "layers": self.layers,
+                "heads": self.heads, "kv_heads": self.kv_heads, "head_dim": self.head_dim, "vocab": self.vocab,
+                "position_ids": self.position_ids, "max_length": self.max_length}
+
+
+@dataclass(frozen=True)
+class DecoderExport:
+    """The ONNX file with the cache as inputs and outputs; ``tried`` holds why newer opsets were left."""
+
+    path: Path
+    opset: int
+    seconds: float
+    tried: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {"path": str(self.path), "opset": self.opset, "seconds": round(self.seconds, 3),
+                "tried": list(self.tried)}
+
+
+@dataclass(frozen=True)
+class StepCase:
+    """One forward step: ``new`` tokens for ``batch`` rows on top of a cache holding ``past`` tokens."""
+
+    batch: int
+    past: int
+    new: int
+    max_abs_err_logits: float
+    max_abs_err_presents: float
+    max_rel_err: float
+    passed: bool
+    error: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"batch": self.batch, "past": self.past, "new": self.new,
+                "max_abs_err_logits": self.max_abs_err_logits, "max_abs_err_presents": self.max_abs_err_presents,
+                "max_rel_err": self.max_rel_err, "passed": self.passed, "error": self.error}
+
+
+@dataclass(frozen=True)
+class GenerationCheck:
+    """Greedy generation by onnxruntime (presents fed back as past) against ``model.generate``."""
+
+    name: str
+    batch: int
+    prompt_lengths: tuple[int, ...]  # per row, without the left padding
+    new_tokens: int
+    agreement: tuple[bool, ...]  # per step: every row's token equal
+    first_divergent_step: int | None
+    error: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and self.first_divergent_step is None and len(self.agreement) == self.new_tokens
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "batch": self.batch, "prompt_lengths": list(self.prompt_lengths),
+                "new_tokens": self.new_tokens, "steps_agreeing": sum(self.agreement),
+                "agreement": list(self.agreement), "first_divergent_step": self.first_divergent_step,
+                "passed": self.passed, "error": self.error}
+
+
+@dataclass(frozen=True)
+class DecoderProof:
+    """Every step case and every generation, judged with ``tolerance``."""
+
+    tolerance: Tolerance
+    cases: tuple[StepCase, ...]
+    generations: tuple[GenerationCheck, ...]
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.cases) and all(g.passed for g in self.generations)
+
+    @property
+    def max_abs_err(self) -> float:
+        return max((max(c.max_abs_err_logits, c.max_abs_err_presents) for c in self.cases), default=0.0)
+
+    def to_dict(self) -> dict:
+        return {"passed": self.passed, "tolerance": self.tolerance.to_dict(), "max_abs_err": self.max_abs_err,
+                "cases": [c.to_dict() for c in self.cases], "generations": [g.to_dict() for g in self.generations]}
+
+
+@dataclass(frozen=True)
+class DecoderOutcome:
+    """What :func:`onnxport.decoder.run` did: ``path`` is ``model.onnx`` when proven, else
+    ``model.unverified.onnx``."""
+
+    path: Path
+    layout: CacheLayout
+    export: DecoderExport
+    proof: DecoderProof
+
+    @property
+    def passed(self) -> bool:
+        return self.proof.passed
+
+    def to_dict(self) -> dict:
+        return {"path": str(self.path), "passed": self.passed, "layout": self.layout.to_dict(),
+                "export": self.export.to_dict(), "proof": self.proof.to_dict()}

@@ -1,0 +1,254 @@
+"""Decoder LMs with a KV cache: export with past/present tensors, the step-by-step proof, greedy generation
+with left padding against model.generate, and the inputs that cannot be exported with a cache."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from onnxport import decoder
+from onnxport.core.errors import UsageError
+from onnxport.runtime.sessions import session
+
+transformers = pytest.importorskip("transformers")
+
+MAX_LENGTH = 48
+
+
+def _tiny(family: str):
+    torch.manual_seed(0)
+    common = dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                  max_position_embeddings=256)
+    if family == "llama":
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(hidden_size=64, vocab_size=128, **common))
+    if family == "qwen2":
+        return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(hidden_size=64, vocab_size=160, **common))
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=192,
+                                                                n_positions=256))
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("llama")
+    _tiny("llama").save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def llama_outcome(llama_dir, tmp_path_factory) -> decoder.DecoderOutcome:
+    return decoder.run(llama_dir, tmp_path_factory.mktemp("llama-out"), max_length=MAX_LENGTH)
+
+
+def _check_outcome(outcome: decoder.DecoderOutcome, kv_heads: int, position_ids: bool) -> None:
+    assert outcome.passed, json.dumps(outcome.to_dict(), indent=1)[:3000]
+    assert outcome.path.name == "model.onnx" and outcome.path.is_file()
+    assert outcome.layout.kv_heads == kv_heads and outcome.layout.position_ids is position_ids
+    model = onnx.load(str(outcome.path), load_external_data=False)
+    inputs = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    outputs = [o.name for o in model.graph.output]
+    assert list(inputs) == list(outcome.layout.input_names)
+    assert outputs == ["logits", "present.0.key", "present.0.value", "present.1.key", "present.1.value"]
+    assert inputs["past_key_values.1.value"] == ["batch", kv_heads, "past", outcome.layout.head_dim]
+    assert inputs["input_ids"] == ["batch", "seq"] and inputs["attention_mask"] == ["batch", "total"]
+    assert ("position_ids" in inputs) is position_ids
+    proof = outcome.proof
+    assert {c.past for c in proof.cases} >= {0, 1, MAX_LENGTH - 1} and {c.new for c in proof.cases} >= {1, 4}
+    assert {c.batch for c in proof.cases} == {1, 3}
+    assert proof.max_abs_err < 1e-4
+    padded = next(g for g in proof.generations if g.name == "left-padded batch")
+    assert padded.batch == 3 and len(set(padded.prompt_lengths)) == 3
+    assert all(g.agreement == (True,) * 32 and g.first_divergent_step is None for g in proof.generations)
+    assert json.dumps(outcome.to_dict())
+
+
+def test_llama_gqa_exported_with_cache_and_proven(llama_outcome):
+    """Grouped-query attention (4 heads, 2 kv heads) and rotary positions survive; past 0 runs too."""
+    _check_outcome(llama_outcome, kv_heads=2, position_ids=True)
+    assert not (llama_outcome.path.parent / "model.unverified.onnx").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, kv_heads", [("qwen2", 2), ("gpt2", 4)])
+def test_other_families(family, kv_heads, tmp_path):
+    model = _tiny(family)
+    model.save_pretrained(tmp_path / "model")
+    assert decoder.is_causal_lm(tmp_path / "model")
+    outcome = decoder.run(tmp_path / "model", tmp_path / "out", max_length=MAX_LENGTH)
+    _check_outcome(outcome, kv_heads=kv_heads, position_ids=True)
+
+
+def test_greedy_loop_matches_generate_with_left_padding(llama_outcome, llama_dir):
+    """The library's own loop on the written file, a fresh batch: padded rows generate what generate() does."""
+    model = transformers.LlamaForCausalLM.from_pretrained(llama_dir).eval()
+    sess = session(llama_outcome.path, providers=["CPUExecutionProvider"])
+    ids = torch.randint(0, 128, (2, 6), generator=torch.Generator().manual_seed(3))
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    got = decoder.greedy(sess, llama_outcome.layout, ids.numpy(), mask.numpy(), 12)
+    want = decoder.prove.reference_generate(model, ids, mask, 12)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_prompt_longer_than_the_maximum_is_a_usage_error(llama_outcome):
+    sess = session(llama_outcome.path, providers=["CPUExecutionProvider"])
+    ids = np.zeros((1, MAX_LENGTH), np.int64)
+    with pytest.raises(UsageError, match="exceeds the declared maximum") as err:
+        decoder.greedy(sess, llama_outcome.layout, ids, np.ones_like(ids), 1)
+    assert "--max-length" in err.value.hint
+
+
+def test_step_matrix_covers_the_edges():
+    cases = decoder.step_matrix(128)
+    assert {b for b, _, _ in cases} == {1, 3}
+    assert {p for _, p, _ in cases} == {0, 1, 9, 124, 127}
+    assert {n for _, p, n in cases if p == 0} == {1, 7, 128}
+    assert all(p + n <= 128 for _, p, n in cases)
+
+
+def test_is_causal_lm(tmp_path):
+    assert not decoder.is_causal_lm(tmp_path)  # no config.json
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["BertForMaskedLM"]}))
+    assert not decoder.is_causal_lm(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["MistralForCausalLM"]}))
+    assert decoder.is_causal_lm(tmp_path)
+    assert decoder.wants_cache(f"hf:{tmp_path}", None) and decoder.wants_cache(f"hf:{tmp_path}", "text-generation")
+    assert not decoder.wants_cache(f"hf:{tmp_path}", "feature-extraction")
+    assert not decoder.wants_cache("torchvision:resnet18", None)
+
+
+def test_run_on_a_model_that_is_no_causal_lm_is_a_usage_error(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["BertForMaskedLM"], "model_type": "bert"}))
+    with pytest.raises(UsageError, match="holds BertForMaskedLM, not a causal language model"):
+        decoder.run(tmp_path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_max_length_without_room_for_generation_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="no room for a prompt and 32 generated tokens"):
+        decoder.run_model(_tiny("llama"), tmp_path, max_length=20)
+    assert not (tmp_path / "model.onnx").exists()
+
+
+def test_max_length_beyond_the_positions_is_a_usage_error():
+    with pytest.raises(UsageError, match="exceeds the 256 positions"):
+        decoder.cache_layout(_tiny("llama"), 1000)
+
+
+def test_max_length_beyond_the_sliding_window_is_a_usage_error():
+    config = transformers.MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                        sliding_window=16)
+    with pytest.raises(UsageError, match="sliding window"):
+        decoder.cache_layout(transformers.MistralForCausalLM(config), 64)
+    assert decoder.cache_layout(transformers.MistralForCausalLM(config), 16).kv_heads == 2
+
+
+def test_missing_kv_heads_defaults_to_the_heads():
+    """GPT-2's config has no num_key_value_heads (its test above); a config stripped of it too."""
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                      num_attention_heads=4, vocab_size=128)
+    model = transformers.LlamaForCausalLM(config)
+    del model.config.num_key_value_heads
+    assert decoder.cache_layout(model, 16).kv_heads == 4
+
+
+def test_kv_heads_the_model_does_not_have_is_a_usage_error():
+    """A config that says 4 kv heads for a model with 2: the dry run sees the cache layout differ."""
+    model = _tiny("llama")
+    del model.config.num_key_value_heads
+    with pytest.raises(UsageError, match=r"does not take a standard key/value cache \(\[batch, 4, past, 16\]"):
+        decoder.cache_layout(model, 16)
+
+
+def test_config_without_heads_is_a_usage_error():
+    model = _tiny("llama")
+    model.config = SimpleNamespace(model_type="odd", num_hidden_layers=2, hidden_size=64, vocab_size=128)
+    with pytest.raises(UsageError, match="no 'num_attention_heads'"):
+        decoder.cache_layout(model, 16)
+
+
+class OddForCausalLM(torch.nn.Module):
+    """A causal LM whose cache is its own: a tuple of one tensor per layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = transformers.LlamaConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                               vocab_size=16)
+        self.emb = torch.nn.Embedding(16, 8)
+
+    def forward(self, input_ids, attention_mask=None, past_key_values=None, use_cache=None, return_dict=None):
+        hidden = self.emb(input_ids)
+        return transformers.modeling_outputs.CausalLMOutputWithPast(logits=hidden, past_key_values=(hidden,))
+
+
+def test_unknown_cache_layout_is_a_usage_error():
+    with pytest.raises(UsageError, match="does not take a standard key/value cache") as err:
+        decoder.cache_layout(OddForCausalLM(), 16)
+    assert "without a cache" in err.value.hint and "\n" not in str(err.value)
+
+
+def test_not_a_causal_lm_is_a_usage_error():
+    with pytest.raises(UsageError, match="not a causal language model"):
+        decoder.cache_layout(torch.nn.Linear(2, 2), 16)
+
+
+def test_newest_opset_onnxruntime_runs_is_chosen(monkeypatch, tmp_path):
+    """Like the chain's fallback: an export onnxruntime refuses is redone one opset lower, and why is kept."""
+    from onnxport.decoder import export as exporting
+    from onnxport.exporters.opsets import default_opset
+
+    newest = default_opset("dynamo")
+    written: list[int] = []
+    monkeypatch.setattr(exporting, "_export_once", lambda model, layout, path, opset: written.append(opset))
+    monkeypatch.setattr(exporting, "ort_cannot_run",
+                        lambda path, layout: "onnxruntime cannot run it at past 0: refused" if written[-1] == newest
+                        else None)
+    made = decoder.export_decoder(None, None, tmp_path / "m.onnx")
+    assert made.opset == newest - 1 and written == [newest, newest - 1]
+    assert made.tried == (f"opset {newest}: onnxruntime cannot run it at past 0: refused",)
+    with pytest.raises(UsageError, match="opset 99"):
+        decoder.export_decoder(None, None, tmp_path / "m.onnx", opset=99)
+
+
+def test_unproven_export_is_written_under_the_unverified_name(monkeypatch, tmp_path):
+    from onnxport.decoder import flow
+
+    def fake_export(model, layout, path, *, opset=None):
+        graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "g",
+                                       [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+                                       [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+        onnx.save(onnx.helper.make_model(graph), str(path))
+        return decoder.DecoderExport(path, 23, 0.0)
+
+    failing = decoder.DecoderProof(decoder.prove.FP32, (decoder.StepCase(1, 0, 1, 1.0, 0.0, 1.0, False),), ())
+    monkeypatch.setattr(flow, "export_decoder", fake_export)
+    monkeypatch.setattr(flow, "prove_decoder", lambda *a, **k: failing)
+    (tmp_path / "model.onnx").write_text("stale")
+    outcome = decoder.run_model(_tiny("llama"), tmp_path, max_length=16, new_tokens=8)
+    assert not outcome.passed and outcome.path == tmp_path / "model.unverified.onnx" and outcome.path.is_file()
+    assert outcome.export.path == outcome.path
+    assert not (tmp_path / "model.onnx").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["model.unverified.onnx"]
+
+
+@pytest.mark.slow
+def test_export_of_a_causal_lm_goes_through_the_kv_cache_path(llama_dir, tmp_path):
+    from tests.conftest import load_report, run_cli
+
+    out = tmp_path / "cli"
+    proc = run_cli("export", f"hf:{llama_dir}", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rep = load_report(out)
+    assert rep["status"] == "ok" and (out / "model.onnx").is_file()
+    dec = rep["decoder"]
+    assert dec["layout"]["kv_heads"] < dec["layout"]["heads"]  # grouped-query attention kept
+    assert all(g["passed"] and g["steps_agreeing"] == g["new_tokens"] for g in dec["proof"]["generations"])
+    names = {i["name"] for i in rep["export"]["inputs"]}
+    assert {"input_ids", "attention_mask", "past_key_values.0.key", "past_key_values.0.value"} <= names
+    assert {"logits", "present.0.key"} <= {o["name"] for o in rep["export"]["outputs"]}
+    assert any(d["code"] == "generation-proven" for d in rep["diagnostics"])

@@ -1,0 +1,66 @@
+"""A dim that takes some sizes only: the sizes that run and fail are named; --working-sizes proves on them."""
+
+from __future__ import annotations
+
+import pytest
+
+from onnxport.core.errors import UsageError
+from onnxport.core.samples import validation_cases
+from onnxport.core.spec import Dim, merge_dims, parse_dim, parse_input
+from onnxport.sources.finish import _pattern
+from tests.conftest import FIXTURES, load_report, run_cli
+
+FX = FIXTURES / "constrained.py"
+
+
+def test_listed_sizes_parse_and_snap():
+    d = parse_dim("n=16, 4,9")
+    assert (d.min, d.max, d.sizes, str(d)) == (4, 16, (4, 9, 16), "n=4,9,16")
+    assert d.allows(9) and not d.allows(8) and d.snap(12) == 9 and d.snap(13) == 16
+    with pytest.raises(UsageError):
+        parse_dim("n=0,4")
+    with pytest.raises(UsageError, match="sizes it takes"):
+        parse_dim("n=4;9")
+    dims = merge_dims([parse_input("x:float32[batch,n,8]")], [d])
+    assert dims["n"].example in (4, 9, 16)
+    assert all(c.sizes["n"] in (4, 9, 16) for c in validation_cases(dims))
+    assert Dim("n", 1, 8).snap(20) == 8
+
+
+def test_patterns_are_named_only_when_they_fit_every_probe():
+    assert _pattern((4, 8, 12), (1, 2, 3, 5, 6, 7, 9)) == " (multiples of 4)"
+    assert _pattern((1, 4, 9, 16), (2, 3, 5, 8)) == " (perfect squares)"
+    assert _pattern((1, 2, 4, 8), (3, 5, 6, 7)) == " (powers of two)"
+    assert _pattern((4, 8, 9), (1, 2, 3, 5)) == ""
+
+
+def test_without_the_flag_the_sizes_that_run_are_listed_and_nothing_is_written(tmp_path):
+    out = tmp_path / "o"
+    proc = run_cli("export", f"{FX}:Fours", "-i", "x:float32[batch,n,8]", "-d", "n=1..64", "-o", str(out))
+    assert proc.returncode == 2
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert "n: runs at 4, 8, 12, 16" in line and "fails at 1, 2, 3, 5" in line and "(multiples of 4)" in line
+    assert "--working-sizes" in line and "-d n=4,8,12" in line
+    assert not out.exists()
+
+
+def test_a_square_grid_is_named(tmp_path):
+    proc = run_cli("export", f"{FX}:Grid", "-i", "x:float32[batch,n,8]", "-d", "n=1..100", "-o", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "runs at 1, 4, 9, 16, 25" in proc.stderr and "(perfect squares)" in proc.stderr
+
+
+def test_with_the_flag_it_is_proven_at_the_sizes_that_run(tmp_path):
+    out = tmp_path / "o"
+    proc = run_cli("export", f"{FX}:Fours", "-i", "x:float32[batch,n,8]", "-d", "n=1..64", "--working-sizes",
+                   "-o", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rep = load_report(out)
+    sizes = {c["sizes"]["n"] for c in rep["validation"]["cases"]}
+    assert len(sizes) >= 3 and all(n % 4 == 0 for n in sizes)
+    assert {d["symbol"] for d in rep["check"]["dynamic_dims"] if d["proven"]} == {"batch", "n"}
+    assert any(d["code"] == "dim-constrained" and "multiples of 4" in d["message"] for d in rep["diagnostics"])
+    again = run_cli("export", f"{FX}:Fours", "-i", "x:float32[batch,n,8]", "-d", "n=4,12,32",
+                    "-o", str(tmp_path / "declared"))
+    assert again.returncode == 0  # the sizes declared by hand work the same way
+    assert {c["sizes"]["n"] for c in load_report(tmp_path / "declared")["validation"]["cases"]} <= {4, 12, 32}
