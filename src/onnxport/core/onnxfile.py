@@ -19,6 +19,11 @@ def external_threshold() -> int:
     return int(os.environ.get("ONNXPORT_EXTERNAL_DATA_THRESHOLD", EXTERNAL_DATA_THRESHOLD))
 
 
+def state_bytes(module) -> int:
+    """Bytes of a module's parameters and buffers (its state_dict): what an export writes as weights."""
+    return sum(t.numel() * t.element_size() for t in module.state_dict().values())
+
+
 def read_graph(path: str | Path) -> onnx.ModelProto:
     """The ONNX model at ``path`` without its external weights; a file that is missing or is no ONNX model is
     a UsageError naming it."""

@@ -12,9 +12,10 @@ from torch import nn
 
 from onnxport.core.errors import ExportFailed, UsageError
 from onnxport.core.logs import captured_output
-from onnxport.core.onnxfile import external_threshold
+from onnxport.core.onnxfile import external_threshold, state_bytes
 from onnxport.decoder.layout import CachedDecoder, step_inputs
 from onnxport.decoder.records import CacheLayout, DecoderExport
+from onnxport.exporters.evidence import first_line
 from onnxport.exporters.opsets import MIN_OPSET, default_opset, exporter_max_opset
 from onnxport.runtime.sessions import session
 
@@ -52,7 +53,7 @@ def export_decoder(model: nn.Module, layout: CacheLayout, path: str | Path, *, o
             _export_once(model, layout, path, version)
         except Exception as e:  # noqa: BLE001 - torch.export fails alike at every opset
             raise ExportFailed(f"the decoder with its cache could not be exported at opset {version}: "
-                               f"{_export_error(e)}", "export it without a cache, or report the model",
+                               f"{first_line(e)}", "export it without a cache, or report the model",
                                code="export-failed") from None
         broken = ort_cannot_run(path, layout)
         if broken is None or opset is not None:
@@ -65,7 +66,7 @@ def export_decoder(model: nn.Module, layout: CacheLayout, path: str | Path, *, o
 def _export_once(model: nn.Module, layout: CacheLayout, path: Path, opset: int) -> None:
     wrapper = CachedDecoder(model, layout).eval()
     example = step_inputs(layout, batch=EXAMPLE["batch"], past=EXAMPLE["past"], new=EXAMPLE["new"])
-    size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    size = state_bytes(model)
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in (path, path.with_name(path.name + ".data")):
         stale.unlink(missing_ok=True)
@@ -97,13 +98,3 @@ def ort_cannot_run(path: Path, layout: CacheLayout) -> str | None:
 def _first_line(e: BaseException) -> str:
     text = str(getattr(e, "message", e)).strip()
     return " ".join(text.split())[:240] if text else type(e).__name__
-
-
-def _export_error(e: BaseException) -> str:
-    """The torch.export exception summary's first line, else the error's first line."""
-    text = str(e)
-    if "Exception summary" in text:
-        lines = [ln.strip() for ln in text.split("Exception summary", 1)[1].splitlines() if ln.strip()]
-        if lines:
-            return lines[0][:240]
-    return _first_line(e)

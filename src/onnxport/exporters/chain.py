@@ -14,7 +14,7 @@ import onnx
 from onnxport.core.diagnostics import Diagnostic
 from onnxport.core.errors import ExportFailed, UsageError
 from onnxport.core.logs import captured_output
-from onnxport.core.onnxfile import external_threshold, move_model
+from onnxport.core.onnxfile import external_threshold, move_model, state_bytes
 from onnxport.core.records import Attempt, ExportResult
 from onnxport.core.samples import export_sizes, make_inputs
 from onnxport.exporters import controlflow, packed
@@ -66,7 +66,7 @@ def export(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", ops
             raise UsageError(f"opset {opset} is not supported here (newest usable: {newest})",
                              f"pick an opset between {MIN_OPSET} and {newest}, or leave --opset out")
     threshold = external_threshold() if external_data_threshold is None else external_data_threshold
-    size = sum(t.numel() * t.element_size() for t in loaded.flat.state_dict().values())
+    size = state_bytes(loaded.flat)
     external = size > threshold
     attempts: list[Attempt] = []
     done: list[tuple[Attempt, Path, list[Diagnostic]]] = []  # successful attempts with their files
