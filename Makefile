@@ -5,6 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= demo-out
 PYTEST_ARGS ?=
+# test files spread over this many processes (each file stays in one, so its module fixtures are built once)
+TEST_WORKERS ?= 2
 
 .PHONY: install demo test lint clean
 
@@ -26,7 +28,7 @@ demo: $(STAMP)
 
 test: lint
 	@bash scripts/ensure-chromium.sh
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # ruff, and the layer contract of docs/architecture.md (import-linter, configured in pyproject.toml)
 lint: $(STAMP)

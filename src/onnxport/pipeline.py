@@ -103,13 +103,17 @@ def run_pipeline(source: str, out: str | Path, *, inputs=None, dims=None, model_
               custom_op_libraries: Sequence[str | Path] = (), device: str = "cpu", log_name: str | None = None,
               budget: float | None = None, compare: Sequence[str] | dict[str, str] | None = None,
               working_sizes: bool = False, samples: str | Path | None = None, tokenizer: str | Path | None = None,
-              preprocess: str | None = None) -> dict:
+              preprocess: str | None = None, max_length: int | None = None) -> dict:
     """Load ``source`` and run every stage into ``out`` (see :mod:`onnxport.api` for the arguments)."""
     use_runtime(custom_op_libraries, device)
     reading = _Samples(samples, tokenizer, preprocess)
     if decoder.wants_cache(source, task) and not inputs:  # a causal LM: exported with its KV cache
         return _run_decoder(source, out, force=force, progress=progress, opset=opset, tolerance=tolerance,
-                            command=command, log_name=log_name, trust_remote_code=trust_remote_code)
+                            command=command, log_name=log_name, trust_remote_code=trust_remote_code,
+                            max_length=max_length or decoder.MAX_LENGTH, variants=variants is not None)
+    if max_length is not None:
+        raise UsageError("--max-length applies to causal language models exported with their KV cache "
+                         "(hf:DIR of a *ForCausalLM)", "drop --max-length, or give --task text-generation")
     with _loaded_into(out, force, source, progress, seq, reading, inputs=inputs, dims=dims, model_args=model_args,
                       weights=weights, task=task, trust_remote_code=trust_remote_code,
                       compare=compare, working_sizes=working_sizes) as (loaded, out, timings, given):
@@ -146,14 +150,16 @@ class _Samples:
 
 
 def _run_decoder(source: str, out: str | Path, *, force: bool, progress: Progress, opset: int | None,
-                 tolerance: Tolerance, command: str | None, log_name: str | None, trust_remote_code: bool) -> dict:
+                 tolerance: Tolerance, command: str | None, log_name: str | None, trust_remote_code: bool,
+                 max_length: int = decoder.MAX_LENGTH, variants: bool = False) -> dict:
     """A causal LM: one ONNX model with the KV cache as inputs and outputs, proven step by step and by greedy
     generation against ``model.generate`` (:mod:`onnxport.decoder`); optimized variants and the benchmark do
     not run on this path yet."""
     with _loaded_into(out, force, source, progress, None, task="text-generation",
                       trust_remote_code=trust_remote_code) as (loaded, out, timings, _):
         t = time.perf_counter()
-        made = decoder.run_model(loaded.model, out, opset=opset, tolerance=tolerance, progress=progress)
+        made = decoder.run_model(loaded.model, out, opset=opset, tolerance=tolerance, progress=progress,
+                                 max_length=max_length)
         timings["export_and_proof"] = time.perf_counter() - t
         diags = list(loaded.diagnostics)
         outcome = decoder.to_outcome(made, loaded, command, diags, timings).but(log=log_name)

@@ -29,6 +29,21 @@ def _tiny(family: str):
         return transformers.LlamaForCausalLM(transformers.LlamaConfig(hidden_size=64, vocab_size=128, **common))
     if family == "qwen2":
         return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(hidden_size=64, vocab_size=160, **common))
+    if family == "mistral":
+        return transformers.MistralForCausalLM(transformers.MistralConfig(hidden_size=64, vocab_size=128,
+                                                                          sliding_window=64, **common))
+    if family == "phi3":
+        return transformers.Phi3ForCausalLM(transformers.Phi3Config(hidden_size=64, vocab_size=128, pad_token_id=0,
+                                                                    eos_token_id=1, bos_token_id=2, **common))
+    if family == "gemma":
+        return transformers.GemmaForCausalLM(transformers.GemmaConfig(hidden_size=64, vocab_size=128, head_dim=16,
+                                                                      **common))
+    if family == "gemma2":  # alternating sliding / full attention layers, soft-capped logits
+        return transformers.Gemma2ForCausalLM(transformers.Gemma2Config(hidden_size=64, vocab_size=128, head_dim=16,
+                                                                        sliding_window=64, **common))
+    if family == "qwen3":  # q/k norms
+        return transformers.Qwen3ForCausalLM(transformers.Qwen3Config(hidden_size=64, vocab_size=128, head_dim=16,
+                                                                      **common))
     return transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=192,
                                                                 n_positions=256))
 
@@ -81,6 +96,18 @@ def test_other_families(family, kv_heads, tmp_path):
     assert decoder.is_causal_lm(tmp_path / "model")
     outcome = decoder.run(tmp_path / "model", tmp_path / "out", max_length=MAX_LENGTH)
     _check_outcome(outcome, kv_heads=kv_heads, position_ids=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["mistral", "phi3", "gemma", "gemma2", "qwen3"])
+def test_more_families_short(family, tmp_path):
+    """The other families users run (sliding windows, fused qkv, q/k norms, soft-capping), at a shorter
+    maximum and 8 generated tokens to keep the suite quick."""
+    outcome = decoder.run_model(_tiny(family), tmp_path, max_length=20, new_tokens=8)
+    assert outcome.passed, json.dumps(outcome.to_dict(), indent=1)[:3000]
+    assert outcome.layout.kv_heads == 2 and outcome.proof.max_abs_err < 1e-4
+    assert {c.past for c in outcome.proof.cases} >= {0, 1, 19}
+    assert all(g.agreement == (True,) * 8 for g in outcome.proof.generations)
 
 
 def test_greedy_loop_matches_generate_with_left_padding(llama_outcome, llama_dir):
@@ -241,7 +268,7 @@ def test_export_of_a_causal_lm_goes_through_the_kv_cache_path(llama_dir, tmp_pat
     from tests.conftest import load_report, run_cli
 
     out = tmp_path / "cli"
-    proc = run_cli("export", f"hf:{llama_dir}", "-o", str(out))
+    proc = run_cli("export", f"hf:{llama_dir}", "-o", str(out), "--max-length", "40")
     assert proc.returncode == 0, proc.stderr[-2000:]
     rep = load_report(out)
     assert rep["status"] == "ok" and (out / "model.onnx").is_file()
@@ -252,3 +279,12 @@ def test_export_of_a_causal_lm_goes_through_the_kv_cache_path(llama_dir, tmp_pat
     assert {"input_ids", "attention_mask", "past_key_values.0.key", "past_key_values.0.value"} <= names
     assert {"logits", "present.0.key"} <= {o["name"] for o in rep["export"]["outputs"]}
     assert any(d["code"] == "generation-proven" for d in rep["diagnostics"])
+    assert dec["layout"]["max_length"] == 40 and max(c["past"] for c in dec["proof"]["cases"]) == 39
+
+
+def test_max_length_on_a_model_without_cache_is_a_usage_error(tmp_path):
+    from tests.conftest import run_cli
+
+    proc = run_cli("export", "torchvision:resnet18", "-o", str(tmp_path / "o"), "--max-length", "64")
+    assert proc.returncode == 2 and "--max-length applies to causal language models" in proc.stderr
+    assert not (tmp_path / "o").exists()

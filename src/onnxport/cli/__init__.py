@@ -99,6 +99,9 @@ TokenizerOpt = Annotated[Path | None, typer.Option(
 PreprocessOpt = Annotated[str | None, typer.Option(
     "--preprocess", help="file.py:function turning a PIL image into the model's input array [C,H,W] for --samples "
                          "images (default: the transform of the torchvision/timm/Hugging Face source)")]
+MaxLenOpt = Annotated[int | None, typer.Option(
+    "--max-length", min=2, help="causal LMs (hf:DIR *ForCausalLM): the most tokens (prompt + generated) the exported "
+                                "KV cache holds, proven up to there (default 128)")]
 SeqOpt = Annotated[int | None, typer.Option(
     "--seq", min=1, help="sequence length of your traffic: variants are timed and the best chosen there "
                          "(default: the export size)")]
@@ -162,12 +165,13 @@ def convert(source: Annotated[str, typer.Argument(help="model source, e.g. model
             no_optimize: Annotated[bool, typer.Option("--no-optimize", help="skip the optimized variants")] = False,
             seq: SeqOpt = None, custom_op_library: LibOpt = None, compare: CompareOpt = None,
             working_sizes: SizesOpt = False, samples: SamplesOpt = None, tokenizer: TokenizerOpt = None,
-            preprocess: PreprocessOpt = None) -> None:
+            preprocess: PreprocessOpt = None, max_length: MaxLenOpt = None) -> None:
     """The whole pipeline: export, check, prove, optimize, benchmark; writes OUT/."""
     _run("convert", source, out, input, dim, model_args, weights, task, exporter, opset, device, json_out, force,
          atol, rtol, trust_remote_code, bench={} if no_bench else None, variants=variants, optimize=not no_optimize,
          seq=seq, custom_op_libraries=custom_op_library or [], budget=budget, compare=compare,
-         working_sizes=working_sizes, samples=samples, tokenizer=tokenizer, preprocess=preprocess)
+         working_sizes=working_sizes, samples=samples, tokenizer=tokenizer, preprocess=preprocess,
+         max_length=max_length)
 
 
 @app.command()
@@ -242,11 +246,12 @@ def export(source: Annotated[str, typer.Argument(help="model source, e.g. model.
            json_out: JsonOpt = False, force: ForceOpt = False, atol: AtolOpt = 1e-4, rtol: RtolOpt = 1e-3,
            trust_remote_code: TrustOpt = False, custom_op_library: LibOpt = None, compare: CompareOpt = None,
            working_sizes: SizesOpt = False, samples: SamplesOpt = None, tokenizer: TokenizerOpt = None,
-           preprocess: PreprocessOpt = None) -> None:
+           preprocess: PreprocessOpt = None, max_length: MaxLenOpt = None) -> None:
     """Export + check + parity only; writes OUT/model.onnx and OUT/report.json."""
     _run("export", source, out, input, dim, model_args, weights, task, exporter, opset, device, json_out, force,
          atol, rtol, trust_remote_code, custom_op_libraries=custom_op_library or [], compare=compare,
-         working_sizes=working_sizes, samples=samples, tokenizer=tokenizer, preprocess=preprocess)
+         working_sizes=working_sizes, samples=samples, tokenizer=tokenizer, preprocess=preprocess,
+         max_length=max_length)
 
 
 @app.command()
