@@ -295,3 +295,30 @@ def test_chart_values_in_chromium(browser, pages, exported):
         assert page.locator('#failing-cases + .tablewrap tr[data-case="case 5"]').is_visible()
     finally:
         page.close()
+
+
+def test_variants_table_reads_as_words():
+    """A variant's metric, its latencies per batch and a skipped variant are written out, not as raw dicts."""
+    rep = _export_failed_report()
+    rep["variants"] = [
+        {"name": "export", "path": "model.onnx", "passed": True, "max_abs_err": 3.6e-7,
+         "metric": {"name": "cosine", "value": 1.0, "threshold": 0.99, "passed": True},
+         "latency_ms": {"1": 0.7086, "8": 7.119}},
+        {"name": "int8", "path": "variants/int8.onnx", "passed": False, "max_abs_err": 3.4e-2,
+         "metric": {"name": "top1_agreement", "value": 0.92, "threshold": 0.95, "passed": False},
+         "latency_ms": {"1": 0.5748}},
+        {"name": "fp16", "passed": False, "skipped": "not built by default: no fp16 arithmetic", "latency_ms": {}},
+    ]
+    page = report.render_html(rep)
+    table = page[page.index('<table class="variants">'):]
+    table = html_text(table[:table.index("</table>")])
+    assert "cosine 1 (≥ 0.99)" in table and "1: 0.709 · 8: 7.12" in table
+    assert "top1 agreement 0.92 (≥ 0.95)" in table and "fail" in table
+    assert "fp16 – – – skipped" in table
+    assert "{" not in table and "'" not in table
+
+
+def html_text(fragment: str) -> str:
+    import html
+
+    return html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", fragment))).strip()

@@ -76,9 +76,20 @@ def _fmt_sizes(sizes: dict | None) -> str:
 
 
 def _fmt_metric(m: Any) -> str:
+    """A variant's deciding metric ``{"name", "value", "threshold", ...}`` as "cosine 0.9998 (≥ 0.99)"."""
+    if isinstance(m, dict) and "name" in m:
+        bound = f" (≥ {_fmt_num(m['threshold'], 4)})" if m.get("threshold") is not None else ""
+        return f"{str(m['name']).replace('_', ' ')} {_fmt_num(m.get('value'), 4)}{bound}"
     if isinstance(m, dict):
         return ", ".join(f"{k} {_fmt_num(v, 4)}" for k, v in m.items())
     return _fmt_num(m, 4)
+
+
+def _fmt_latencies(lat: Any) -> str:
+    """Latency per bench size ``{"1": 0.71, "8": 7.1}`` as "1: 0.71 · 8: 7.12" ("–" when none was timed)."""
+    if isinstance(lat, dict):
+        return " · ".join(f"{k}: {_fmt_num(v)}" for k, v in lat.items()) or "–"
+    return _fmt_num(lat)
 
 
 # --------------------------------------------------------------------------- figures
@@ -244,7 +255,7 @@ def _variant_samples(x: dict) -> str | None:
 def _variants_view(entries: list[dict]) -> list[dict]:
     """``variants[]`` with every key the table reads, and the result on the samples in words."""
     return [dict({"name": "?", "path": None, "nodes": None, "bytes": None, "passed": False, "max_abs_err": None,
-                  "metric": None, "latency_ms": None}, **x, on_samples=_variant_samples(x)) for x in entries]
+                  "metric": None, "latency_ms": None, "skipped": None}, **x, on_samples=_variant_samples(x)) for x in entries]
 
 
 def baseline_backend(backends: list[str]) -> str | None:
@@ -396,7 +407,7 @@ def _env():
     env = jinja2.Environment(loader=jinja2.PackageLoader("onnxport.report", "templates"),
                              autoescape=True, trim_blocks=True,
                              lstrip_blocks=True, keep_trailing_newline=True)
-    env.filters.update(err=_fmt_err, int=_fmt_int, bytes=_fmt_bytes, num=_fmt_num, shape=_fmt_shape,
+    env.filters.update(latencies=_fmt_latencies, err=_fmt_err, int=_fmt_int, bytes=_fmt_bytes, num=_fmt_num, shape=_fmt_shape,
                        metric=_fmt_metric)
     return env
 
