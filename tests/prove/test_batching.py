@@ -53,6 +53,19 @@ def test_a_graph_that_mixes_rows_fails(tmp_path):
     assert any(d["code"] == "batch-dependent" for d in rep["diagnostics"])
 
 
+def test_an_output_not_split_by_row_is_not_applicable(tmp_path):
+    """Detections-like output: its first dim counts found items, not rows, so no row can be cut out of it."""
+    src = tmp_path / "flat.py"
+    src.write_text("import torch\nclass Flattens(torch.nn.Module):\n    def forward(self, x):\n"
+                   "        return x.reshape(-1)\n")
+    rep = export(f"{src}:Flattens", tmp_path / "out", inputs=["x:float32[batch,4]"], exporter="torchscript")
+    assert rep["status"] == "ok" and "batch_invariance" not in rep["validation"]  # not applicable: not reported
+    assert not any(d["code"] == "batch-dependent" for d in rep["diagnostics"])
+    res = batching.check(load_model(f"{src}:Flattens", inputs=["x:float32[batch,4]"]), tmp_path / "out" / "model.onnx")
+    assert not res.applicable and res.passed
+    assert "is not split by row (shape [128] for a batch of 32)" in res.reason
+
+
 def test_inputs_without_a_shared_batch_dim_are_not_applicable():
     loaded = load_model(f"{MODELS}:TinyMLP", inputs=["x:float32[4,8]"])
     res = batching.check(loaded, "unused.onnx")

@@ -59,6 +59,12 @@ def check(loaded: LoadedModel, path: str | Path, *, rows: int | None = None, tol
     feed = FeedMap.of(loaded.inputs, sess)
     batch = heterogeneous_batch(loaded, rows)
     together = sess.run(None, feed(batch))
+    unbatched = next(((o.name, np.shape(t)) for o, t in zip(sess.get_outputs(), together)
+                      if not np.ndim(t) or np.shape(t)[0] != rows), None)
+    if unbatched is not None:
+        return BatchInvariance(0, True, 0.0, applicable=False,
+                               reason=f"output '{unbatched[0]}' is not split by row (shape {list(unbatched[1])} for "
+                                      f"a batch of {rows}): a server cannot hand each request its row")
     worst, worst_row, passed = 0.0, None, True
     for r in range(rows):
         alone = sess.run(None, feed(tuple(t[r:r + 1] for t in batch)))
