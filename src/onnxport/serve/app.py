@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -155,7 +155,7 @@ def build_app(models: list[ServedModel], metrics: Metrics, *, max_body_bytes: in
 
     @app.get("/v2")
     async def server_metadata() -> dict:
-        return {"name": SERVER_NAME, "version": ONNXPORT_VERSION, "extensions": EXTENSIONS}
+        return {"name": SERVER_NAME, "version": ONNXPORT_VERSION, "extensions": [*EXTENSIONS, "generate"]}
 
     @app.get("/v2/health/live")
     async def live() -> Response:
@@ -212,6 +212,23 @@ def build_app(models: list[ServedModel], metrics: Metrics, *, max_body_bytes: in
             return Response(payload, media_type="application/json", headers=headers)
         headers["Inference-Header-Content-Length"] = str(header_length)
         return Response(payload, media_type="application/octet-stream", headers=headers)
+
+    @app.post("/v2/models/{name}/generate")
+    @app.post("/v2/models/{name}/versions/{version}/generate")
+    async def generate(name: str, request: Request, version: str | None = None) -> Response:
+        m = find(by_name, name, version)
+        body, _ = _split_body(await _read_body(request, max_body_bytes), None) if m.generator else (None, b"")
+        req, outcome = m.generate_request(body)
+        return JSONResponse(await m.generate(req, outcome))
+
+    @app.post("/v2/models/{name}/generate_stream")
+    @app.post("/v2/models/{name}/versions/{version}/generate_stream")
+    async def generate_stream(name: str, request: Request, version: str | None = None) -> Response:
+        m = find(by_name, name, version)
+        body, _ = _split_body(await _read_body(request, max_body_bytes), None) if m.generator else (None, b"")
+        req, outcome = m.generate_request(body)  # a bad request is a 4xx before the stream starts
+        return StreamingResponse(m.generate_stream(req, outcome), media_type="text/event-stream; charset=utf-8",
+                                 headers={"Cache-Control": "no-cache"})
 
     @app.get("/metrics")
     async def prometheus() -> Response:

@@ -87,6 +87,7 @@ class ModelSource:
     max_delay_ms: float | None = None     # None: the caller's default
     session_options: dict = field(default_factory=dict)  # keyword arguments for runtime.session()
     batching_off: str | None = None  # why this model is served unbatched whatever --max-batch says
+    decoder_layout: dict | None = None  # report.json's decoder.layout, for a decoder exported with its cache
 
 
 def _model_name(raw: str) -> str:
@@ -125,7 +126,7 @@ def session_options_from_tuned(tuned: Any) -> dict:
 
 def _from_output_folder(out: Path) -> ModelSource:
     onnx_path = out / "best.onnx" if (out / "best.onnx").is_file() else out / "model.onnx"
-    name, options = out.resolve().name, {}  # named after the folder: `serve demo-out/minilm` serves "minilm"
+    name, options, layout = out.resolve().name, {}, None  # named after the folder: `serve out/minilm` is "minilm"
     report_path = out / "report.json"
     if report_path.is_file():
         try:
@@ -135,9 +136,12 @@ def _from_output_folder(out: Path) -> ModelSource:
         bench = report.get("benchmark") if isinstance(report, dict) else None
         if isinstance(bench, dict):
             options = session_options_from_tuned(bench.get("tuned"))
+        decoder = report.get("decoder") if isinstance(report, dict) else None
+        layout = decoder.get("layout") if isinstance(decoder, dict) else None
     note = _not_batch_invariant(report if report_path.is_file() else None, onnx_path.name)
     return ModelSource(_model_name(name), "1", onnx_path, session_options=options,
-                       max_batch=1 if note else None, batching_off=note)
+                       max_batch=1 if note else None, batching_off=note,
+                       decoder_layout=layout if isinstance(layout, dict) else None)
 
 
 def _not_batch_invariant(report: Any, served: str) -> str | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -14,6 +14,16 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from onnxport.core.errors import UsageError
 from onnxport.runtime.sessions import session
 from onnxport.serve.batcher import Batcher, BatchStats, InferenceError, Outputs
+from onnxport.serve.generate import (
+    NOT_A_DECODER,
+    GenerateOutcome,
+    GenerateRequest,
+    Generator,
+    generate,
+    generate_stream,
+    load_generator,
+    parse_request,
+)
 from onnxport.serve.models import DEFAULT_MAX_BATCH, DEFAULT_MAX_DELAY_MS, ModelSource, Signature, signature
 from onnxport.serve.protocol import BadRequest, InferRequest, decode
 from onnxport.serve.triton import model_config
@@ -41,6 +51,12 @@ class Metrics:
                                       ["model"], buckets=TIME_BUCKETS, registry=self.registry)
         self.batch_size = Histogram("onnxport_batch_size", "Rows per ONNX Runtime run", ["model"],
                                     buckets=BATCH_BUCKETS, registry=self.registry)
+        self.generate_requests = Counter("onnxport_generate_requests", "Generate requests by model and outcome",
+                                         ["model", "outcome"], registry=self.registry)
+        self.generate_time = Histogram("onnxport_generate_seconds", "Generate request time, first to last token",
+                                       ["model"], buckets=TIME_BUCKETS, registry=self.registry)
+        self.generated_tokens = Counter("onnxport_generated_tokens", "Tokens generated", ["model"],
+                                        registry=self.registry)
 
 
 class Gate:
@@ -112,10 +128,49 @@ class ServedModel:
     batcher: Batcher
     stats: Stats
     metrics: Metrics
+    generator: Generator | None = None  # a decoder with its cache: the generate extension serves it
 
     @property
     def name(self) -> str:
         return self.source.name
+
+    def generate_request(self, body: object) -> tuple[GenerateRequest, GenerateOutcome]:
+        """Check a generate request before anything runs (BadRequest, counted as a failure)."""
+        try:
+            if self.generator is None:
+                raise BadRequest(f"model '{self.name}' is not a decoder: {NOT_A_DECODER}")
+            req = parse_request(body, self.generator, self.name)
+        except BadRequest:
+            self.metrics.generate_requests.labels(self.name, "failure").inc()
+            raise
+        return req, GenerateOutcome(req)
+
+    async def generate(self, req: GenerateRequest, outcome: GenerateOutcome) -> dict:
+        """The one answer of ``/generate`` (counted in the metrics)."""
+        assert self.generator is not None
+        try:
+            answer = await generate(self.session, self.generator, req, self.name, self.source.version, outcome)
+        except Exception as e:
+            outcome.error = str(e)
+            raise
+        finally:
+            self._generated(outcome)
+        return answer
+
+    async def generate_stream(self, req: GenerateRequest, outcome: GenerateOutcome) -> AsyncIterator[bytes]:
+        """The server-sent events of ``/generate_stream`` (counted in the metrics once the stream ends)."""
+        assert self.generator is not None
+        try:
+            async for event in generate_stream(self.session, self.generator, req, self.name, self.source.version,
+                                               outcome):
+                yield event
+        finally:
+            self._generated(outcome)
+
+    def _generated(self, outcome: GenerateOutcome) -> None:
+        self.metrics.generate_requests.labels(self.name, "failure" if outcome.error else "success").inc()
+        self.metrics.generate_time.labels(self.name).observe(outcome.seconds)
+        self.metrics.generated_tokens.labels(self.name).inc(outcome.count)
 
     def metadata(self) -> dict:
         return {"name": self.name, "versions": [self.source.version], "platform": "onnxruntime_onnx",
@@ -218,4 +273,6 @@ def load(source: ModelSource, max_batch: int | None, max_delay_ms: float | None,
         metrics.compute.labels(source.name).observe(seconds)
 
     batcher = Batcher(run, batched=batchable, max_batch=batch_limit, max_delay_ms=delay, on_batch=on_batch)
-    return ServedModel(source, sig, sess, batch_limit if batchable else 0, delay, batcher, Stats(), metrics)
+    generator = load_generator(sig, source.onnx_path, source.decoder_layout)
+    return ServedModel(source, sig, sess, batch_limit if batchable else 0, delay, batcher, Stats(), metrics,
+                       generator)
