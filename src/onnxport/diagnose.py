@@ -14,12 +14,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from onnxport.core.diagnostics import Diagnostic, error, warning
-from onnxport.core.records import Attempt, Divergence
+from onnxport.core.records import Attempt, Divergence, ExportResult
 from onnxport.core.samples import Case, export_sizes, make_inputs
 from onnxport.exporters.controlflow import same_file
 from onnxport.exporters.evidence import DATA_DEPENDENT, SKIP_FILES, evidence_lines, user_line
+from onnxport.exporters.opsets import candidate_opsets, op_version
 from onnxport.exporters.strategies import CONTROL_FLOW
 from onnxport.prove.localize import record_modules
+from onnxport.runtime.placement import Placement, node_name
 from onnxport.sources.base import LoadedModel
 
 # --------------------------------------------------------------------------- where in the user's code
@@ -354,3 +356,47 @@ def lost_control_flow(result, loaded: LoadedModel) -> list[Diagnostic]:
         hint=_smallest_change(file, line, refusal) if file else
         "rewrite the branch or loop with tensor ops (torch.where, masking) or torch.cond",
     )]
+
+
+# --------------------------------------------------------------------------- placement on the GPU
+
+
+def placement(placed: Placement | None, result: ExportResult | None = None) -> list[Diagnostic]:
+    """What the GPU placement shows: compute nodes left on the CPU (``cpu-compute-node``: the op types and
+    the opset or provider that fixes them) and providers listed but unloadable (``provider-unloadable``)."""
+    if placed is None or placed.device == "cpu":
+        return []
+    out = [warning("provider-unloadable", line, hint="install the provider's libraries to use it; the others in "
+                   "the chain run the model meanwhile (onnxport doctor shows what loads)")
+           for line in placed.providers_unloadable]
+    nodes = placed.cpu_compute_nodes
+    if not nodes:
+        return out
+    if nodes[0].startswith("all "):
+        out.append(warning("cpu-compute-node", f"{nodes[0]} run on the CPU under --device {placed.device}: the "
+                           f"session uses {', '.join(placed.providers_used)} only",
+                           hint="the GPU provider did not start: run onnxport doctor (cuDNN and the CUDA libraries "
+                                "must load)"))
+        return out
+    ops = placed.compute_op_types
+    shown = ", ".join(nodes[:4]) + (f" and {len(nodes) - 4} more" if len(nodes) > 4 else "")
+    copies = f"; {placed.memcpy_nodes} Memcpy node(s) copy between host and GPU" if placed.memcpy_nodes else ""
+    out.append(warning("cpu-compute-node", f"{len(nodes)} compute node(s) run on the CPU under --device "
+                       f"{placed.device} ({', '.join(ops)}): {shown}{copies}", node=node_name(nodes[0]),
+                       hint=_placement_fix(ops, result)))
+    return out
+
+
+def _placement_fix(ops: Sequence[str], result: ExportResult | None) -> str:
+    """The opset that gives ``ops`` another version, else the provider that lacks the kernel."""
+    opset = result.opset if result is not None else None
+    versions = candidate_opsets(opset, ops) if opset else []
+    tried = bool(result) and any(not a.ok and " on the CPU" in (a.error or "") for a in result.attempts)
+    kinds = ", ".join(f"{op}-{v}" if (v := op_version(op, opset or 0)) else op for op in ops) if opset else ", ".join(ops)
+    if versions and not tried:
+        return (f"export with --opset {versions[0]}, where {', '.join(ops)} have an older version the CUDA provider "
+                f"may run (with --opset left out, onnxport picks the newest opset that keeps them on the GPU)")
+    why = (f"opset{'s' if len(versions) > 1 else ''} {', '.join(map(str, versions))} left them there too" if versions
+           else "no opset down to 17 gives them another version")
+    return (f"this onnxruntime's CUDA provider has no kernel for {kinds} ({why}): each run pays host-device "
+            "copies around them; TensorRT in the provider chain may take them, or rewrite the operator in the model")

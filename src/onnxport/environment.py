@@ -8,6 +8,8 @@ import platform
 from pathlib import Path
 
 from onnxport.exporters.opsets import exporter_max_opset, onnxruntime_max_opset
+from onnxport.runtime.libraries import Probe, gpu_libraries
+from onnxport.runtime.sessions import unloadable_providers
 
 PACKAGES = ("torch", "torchvision", "onnx", "onnxruntime", "onnxscript", "onnx-ir", "transformers", "timm",
             "onnxslim", "numpy")
@@ -70,15 +72,23 @@ def summary() -> dict:
             "cpu": cpu()}
 
 
-def doctor() -> dict:
-    """Everything ``onnxport doctor`` prints."""
+def doctor(*, probe: Probe | None = None, available: list[str] | None = None) -> dict:
+    """Everything ``onnxport doctor`` prints. ``gpu_libraries``: whether TensorRT's and cuDNN's libraries load
+    (``probe``: a simulated library probe in tests); ``providers_unloadable``: one line per provider
+    onnxruntime lists but cannot start (``available``: a simulated provider list)."""
     data = summary()
-    try:
-        import onnxruntime as ort
+    if available is None:
+        try:
+            import onnxruntime as ort
 
-        data["providers"] = ort.get_available_providers()
-    except ImportError:
-        data["providers"] = []
+            available = list(ort.get_available_providers())
+        except ImportError:
+            available = []
+    data["providers"] = list(available)
+    libraries = gpu_libraries(probe)
+    data["gpu_libraries"] = {kind: lib.to_dict() for kind, lib in libraries.items()}
+    data["gpu_libraries_summary"] = "; ".join(lib.line() for lib in libraries.values())
+    data["providers_unloadable"] = list(unloadable_providers(available, probe).values())
     try:
         import torch
 

@@ -22,6 +22,7 @@ from onnxport.core.onnxfile import external_data_files, move_model, read_graph
 from onnxport.core.records import FP32, ExportResult, Failure, Tolerance
 from onnxport.core.samples import validation_cases
 from onnxport.core.spec import Dim, InputSpec, parse_dim, parse_input
+from onnxport.decoder.tokenizer import save_tokenizer
 from onnxport.exporters import functions
 from onnxport.exporters.chain import export as run_export
 from onnxport.exporters.strategies import CONTROL_FLOW
@@ -37,6 +38,7 @@ from onnxport.sources.base import LoadedModel
 
 RESULT_FILES = ("model.onnx", "model.onnx.data", "model.unverified.onnx", "model.unverified.onnx.data", "onnxport.log",
                 "best.onnx", "report.json", "report.html", "report.md")
+RESULT_DIRS = ("variants", "tokenizer")
 
 
 def prepare_out(out: str | Path, force: bool) -> Path:
@@ -44,7 +46,7 @@ def prepare_out(out: str | Path, force: bool) -> Path:
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file", "name a directory for the results")
-    existing = [n for n in RESULT_FILES if (out / n).exists()] + (["variants/"] if (out / "variants").exists() else [])
+    existing = [n for n in RESULT_FILES if (out / n).exists()] + [f"{d}/" for d in RESULT_DIRS if (out / d).exists()]
     if existing and not force:
         raise UsageError(f"{out} already holds results ({', '.join(existing[:3])})",
                          "pass --force to overwrite them, or choose another --out")
@@ -153,8 +155,8 @@ def _run_decoder(source: str, out: str | Path, *, force: bool, progress: Progres
                  tolerance: Tolerance, command: str | None, log_name: str | None, trust_remote_code: bool,
                  max_length: int = decoder.MAX_LENGTH, variants: bool = False) -> dict:
     """A causal LM: one ONNX model with the KV cache as inputs and outputs, proven step by step and by greedy
-    generation against ``model.generate`` (:mod:`onnxport.decoder`); optimized variants and the benchmark do
-    not run on this path yet."""
+    generation against ``model.generate`` (:mod:`onnxport.decoder`); the model's tokenizer is copied to
+    OUT/tokenizer for serve's generate endpoint."""
     with _loaded_into(out, force, source, progress, None, task="text-generation",
                       trust_remote_code=trust_remote_code) as (loaded, out, timings, _):
         t = time.perf_counter()
@@ -162,6 +164,9 @@ def _run_decoder(source: str, out: str | Path, *, force: bool, progress: Progres
                                  max_length=max_length)
         timings["export_and_proof"] = time.perf_counter() - t
         diags = list(loaded.diagnostics)
+        if save_tokenizer(source.split(":", 1)[1], out) is not None:  # serve's generate then takes and gives text
+            diags.append(info("tokenizer-copied", "the model's tokenizer is in tokenizer/: serve's generate "
+                                                  "endpoint takes and returns text"))
         outcome = decoder.to_outcome(made, loaded, command, diags, timings).but(log=log_name)
         return _write(outcome.but(diagnostics=tuple(rootcause.rank(outcome.diagnostics, outcome.parity))), out)
 
@@ -311,6 +316,7 @@ def _check_and_compare(loaded: LoadedModel, result: ExportResult, diags: list[Di
     extra, sites = branches.cover(loaded, result.path, cases, result.guards)
     cases += extra
     placed, sess = _placed_session(result.path)
+    diags.extend(diagnose.placement(placed, result))
     loaded = runtime.loaded_on_device(loaded, runtime.config().device)
     with _strict_on_gpu():  # fp32 proven as fp32: TF32 off on both sides (onnxruntime's in GpuOptions)
         parity = compare(loaded, result.path, cases=cases, tolerance=tolerance, dim_checks=checked.dynamic_dims,

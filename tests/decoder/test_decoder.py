@@ -265,10 +265,16 @@ def test_unproven_export_is_written_under_the_unverified_name(monkeypatch, tmp_p
 
 @pytest.mark.slow
 def test_export_of_a_causal_lm_goes_through_the_kv_cache_path(llama_dir, tmp_path):
-    from tests.conftest import load_report, run_cli
+    import shutil
 
+    from tests.conftest import load_report, run_cli
+    from tests.serve.test_generate import _tokenizer
+
+    model_dir = tmp_path / "llama"
+    shutil.copytree(llama_dir, model_dir)
+    _tokenizer(None).save_pretrained(model_dir)
     out = tmp_path / "cli"
-    proc = run_cli("export", f"hf:{llama_dir}", "-o", str(out), "--max-length", "40")
+    proc = run_cli("export", f"hf:{model_dir}", "-o", str(out), "--max-length", "40")
     assert proc.returncode == 0, proc.stderr[-2000:]
     rep = load_report(out)
     assert rep["status"] == "ok" and (out / "model.onnx").is_file()
@@ -280,6 +286,10 @@ def test_export_of_a_causal_lm_goes_through_the_kv_cache_path(llama_dir, tmp_pat
     assert {"logits", "present.0.key"} <= {o["name"] for o in rep["export"]["outputs"]}
     assert any(d["code"] == "generation-proven" for d in rep["diagnostics"])
     assert dec["layout"]["max_length"] == 40 and max(c["past"] for c in dec["proof"]["cases"]) == 39
+    assert (out / "tokenizer" / "tokenizer.json").is_file()  # serve's generate takes text with it
+    assert any(d["code"] == "tokenizer-copied" for d in rep["diagnostics"])
+    again = run_cli("export", f"hf:{model_dir}", "-o", str(out), "--max-length", "40")
+    assert again.returncode == 2 and "already holds results" in again.stderr
 
 
 def test_max_length_on_a_model_without_cache_is_a_usage_error(tmp_path):

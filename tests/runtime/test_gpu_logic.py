@@ -72,3 +72,44 @@ main()
     rep = json.loads(proc.stdout)  # nothing but the report
     assert rep["status"] == "ok" and "EP Error" not in proc.stdout and "EP Error" not in proc.stderr
     assert "EP Error" in (tmp_path / "o" / "onnxport.log").read_text()
+
+
+GPU_BUILD = [runtime.TENSORRT, runtime.CUDA, runtime.CPU]  # what onnxruntime-gpu lists, TensorRT installed or not
+
+
+def _without_tensorrt(name: str) -> bool:  # a machine with cuDNN but no TensorRT (the H100 this runs on)
+    return "nvinfer" not in name
+
+
+def test_tensorrt_listed_but_unloadable_is_left_out_of_the_chain_with_one_line():
+    chain = provider_chain("cuda", available=GPU_BUILD, probe=_without_tensorrt)
+    assert runtime.provider_names(chain) == [runtime.CUDA, runtime.CPU]
+    (line,) = runtime.unloadable_providers(GPU_BUILD, _without_tensorrt).values()
+    assert line.startswith("TensorrtExecutionProvider is listed by onnxruntime but TensorRT's library does not load "
+                           "(tried libnvinfer.so.10, libnvinfer.so.8, libnvinfer.so)") and "\n" not in line
+    with_trt = provider_chain("cuda", available=GPU_BUILD, probe=lambda name: True)
+    assert runtime.provider_names(with_trt) == GPU_BUILD
+    assert runtime.unloadable_providers([runtime.CUDA, runtime.CPU], _without_tensorrt) == {}  # not listed: nothing
+
+
+def test_the_library_probe():
+    from onnxport.runtime import libraries
+
+    assert runtime.tensorrt_loadable(lambda name: name == "libnvinfer.so.8")
+    assert not runtime.tensorrt_loadable(_without_tensorrt) and runtime.cudnn_loadable(_without_tensorrt)
+    status = libraries.status("tensorrt", lambda name: name == "libnvinfer.so.8")
+    assert (status.loads, status.library, status.line()) == (True, "libnvinfer.so.8", "TensorRT: loads (libnvinfer.so.8)")
+    assert libraries.loads("libc.so.6") and not libraries.loads("libnot-a-library.so.1")  # the real ctypes probe
+    assert isinstance(runtime.tensorrt_loadable(), bool)
+
+
+def test_doctor_reports_whether_tensorrt_and_cudnn_load():
+    data = environment.doctor(probe=_without_tensorrt, available=GPU_BUILD)
+    assert data["gpu_libraries"]["tensorrt"] == {
+        "loads": False, "library": None, "tried": ["libnvinfer.so.10", "libnvinfer.so.8", "libnvinfer.so"]}
+    assert data["gpu_libraries"]["cudnn"]["loads"] and data["gpu_libraries"]["cudnn"]["library"] == "libcudnn.so.9"
+    assert data["gpu_libraries_summary"] == ("TensorRT: does not load (tried libnvinfer.so.10, libnvinfer.so.8, "
+                                             "libnvinfer.so); cuDNN: loads (libcudnn.so.9)")
+    assert len(data["providers_unloadable"]) == 1 and "TensorrtExecutionProvider" in data["providers_unloadable"][0]
+    assert data["providers"] == GPU_BUILD
+    assert environment.doctor(probe=lambda name: True, available=GPU_BUILD)["providers_unloadable"] == []

@@ -172,7 +172,8 @@ def test_report_records_the_runtime(tmp_path):
                      dims=["batch=1..4"])
     load_report(tmp_path)
     assert {k: v for k, v in rep["runtime"].items() if k != "nodes_per_provider"} == {
-        "device": "cpu", "providers_requested": [CPU], "providers_used": [CPU], "cpu_fallback_nodes": []}
+        "device": "cpu", "providers_requested": [CPU], "providers_used": [CPU], "cpu_fallback_nodes": [],
+        "cpu_compute_nodes": [], "cpu_shape_nodes": [], "memcpy_nodes": 0, "providers_unloadable": []}
     assert list(rep["runtime"]["nodes_per_provider"]) == [CPU]
     assert 1 <= rep["runtime"]["nodes_per_provider"][CPU] <= rep["check"]["nodes"]
 

@@ -421,6 +421,9 @@ def doctor(json_out: JsonOpt = False) -> None:
     t.add_row("python", info["python"])
     t.add_row("platform", info["platform"])
     t.add_row("providers", ", ".join(info["providers"]))
+    t.add_row("gpu libraries", info["gpu_libraries_summary"])
+    for line in info["providers_unloadable"]:
+        t.add_row("unloadable", line)
     t.add_row("cuda", "available" if info["cuda_available"] else "not available")
     t.add_row("max opset", ", ".join(f"{k} {v}" for k, v in info["max_opset"].items()))
     cpu = info["cpu"]

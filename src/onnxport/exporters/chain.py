@@ -7,6 +7,7 @@ import dataclasses
 import time
 import traceback
 import warnings
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import onnx
@@ -26,7 +27,15 @@ from onnxport.exporters.evidence import (
     parse_guards,
     tracer_warnings,
 )
-from onnxport.exporters.opsets import MIN_OPSET, default_opset, exporter_max_opset, onnxruntime_max_opset
+from onnxport.exporters.opsets import (
+    MIN_OPSET,
+    candidate_opsets,
+    default_opset,
+    exporter_max_opset,
+    lower_opsets,
+    onnxruntime_max_opset,
+    placement_problem,
+)
 from onnxport.exporters.strategies import (
     BASE_EXPORTER,
     CHOICES,
@@ -36,7 +45,8 @@ from onnxport.exporters.strategies import (
     NotApplicable,
 )
 from onnxport.runtime.feeds import FeedMap
-from onnxport.runtime.sessions import session
+from onnxport.runtime.placement import Placement
+from onnxport.runtime.sessions import config, placement, session
 from onnxport.sources.base import LoadedModel
 
 # --------------------------------------------------------------------------- strategies
@@ -45,8 +55,13 @@ from onnxport.sources.base import LoadedModel
 # --------------------------------------------------------------------------- entry point
 
 
+PlacementOf = Callable[[Path], Placement]
+"""Where a session on the GPU would put an ONNX file's nodes (:func:`onnxport.runtime.placement`)."""
+
+
 def export(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", opset: int | None = None,
-           external_data_threshold: int | None = None) -> ExportResult:
+           external_data_threshold: int | None = None, device: str | None = None,
+           placement_of: PlacementOf | None = None) -> ExportResult:
     """Export ``loaded`` to ``path``.
 
     ``auto`` tries the dynamo exporter, then the TorchScript exporter; when both fail, or the one that worked
@@ -54,6 +69,12 @@ def export(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", ops
     the ``if`` as torch.cond, ``script``: torch.jit.script of the modules holding control flow, ``scan``: loops
     over a dynamic size as torch's scan, tried only when the model's code has such a loop) and keeps the first
     export that froze nothing (else the first that worked, for parity to judge).
+
+    With no ``opset`` given, an export onnxruntime cannot run is made again at lower opsets; and on ``device``
+    "cuda" (None: the configured device) an export whose placement leaves compute nodes on the CPU (an operator
+    version the CUDA provider has no kernel for) is made again at the lower opsets where those operators change
+    version, keeping the newest whose placement is clean (else the first: the placement diagnostic warns).
+    ``placement_of`` replaces the real placement (a simulated one in tests).
     """
     path = Path(path)
     if exporter not in CHOICES:
@@ -66,6 +87,7 @@ def export(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", ops
             raise UsageError(f"opset {opset} is not supported here (newest usable: {newest})",
                              f"pick an opset between {MIN_OPSET} and {newest}, or leave --opset out")
     threshold = external_threshold() if external_data_threshold is None else external_data_threshold
+    placed_of = (placement_of or _gpu_placement) if (device or config().device) == "cuda" else None
     size = state_bytes(loaded.flat)
     external = size > threshold
     attempts: list[Attempt] = []
@@ -88,13 +110,9 @@ def export(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", ops
             target = path.with_name(f".{name}-{path.name}")
             lines = evidence_lines(attempts, [d for _, _, ds in done for d in ds] + failed_diags, loaded,
                                    explicit=exporter == name)
-            attempt, diags, failed = _attempt(name, loaded, target, use_opset, external, lines, attempts)
-            if attempt.ok and opset is None and (broken := _ort_cannot_run(target, loaded, use_opset)):
-                lower = _lower_opsets(name, loaded, target, use_opset, external, lines, attempts + [attempt])
-                if lower is not None:  # the newest opset onnxruntime runs; else parity says why it cannot
-                    attempts.append(dataclasses.replace(attempt, ok=False, error=broken))
-                    attempts.extend(lower[3])
-                    attempt, diags, failed = lower[:3]
+            attempt, diags, failed, tries = _export_one(name, loaded, target, use_opset, external, lines, attempts,
+                                                        fallback=opset is None, placed_of=placed_of)
+            attempts.extend(tries)
             attempts.append(attempt)
             failed_diags.extend(failed)
             if attempt.ok:
@@ -152,34 +170,104 @@ def _attempt(name: str, loaded: LoadedModel, target: Path, opset: int, external:
     return Attempt(name, True, time.perf_counter() - t0, actual, guards=guards, frozen=frozen, note=note), diags, []
 
 
-def _lower_opsets(name: str, loaded: LoadedModel, target: Path, tried: int, external: bool,
-                  lines: list[tuple[str, int]], before: list[Attempt]
-                  ) -> tuple[Attempt, list[Diagnostic], list[Diagnostic], list[Attempt]] | None:
-    """``name`` again at each lower opset (newest first) until onnxruntime runs the export, written over
-    ``target``: (that attempt, its diagnostics, its failure diagnostics, the tries it could not run). None when
-    no lower opset runs either (``target`` then still holds the first export), or the refusal is about an
-    operator of a custom domain, which no opset changes."""
-    refused = onnx.load(str(target), load_external_data=False)
-    if any(o.domain not in ("", "ai.onnx", "com.microsoft") for o in refused.opset_import):
-        return None
-    skipped: list[Attempt] = []
-    for version in range(tried - 1, MIN_OPSET - 1, -1):
-        trial = target.with_name(f".opset{version}-{target.name}")
-        try:
-            attempt, diags, failed = _attempt(name, loaded, trial, version, external, lines, before + skipped)
-            if not attempt.ok:
-                return None
-            broken = _ort_cannot_run(trial, loaded, version)
-            if broken is None:
-                move_model(trial, target)
-                note = f"opset {version}: onnxruntime could not run the opset-{tried} export"
-                return (dataclasses.replace(attempt, note="; ".join(filter(None, (attempt.note, note)))),
-                        diags, failed, skipped)
-            skipped.append(dataclasses.replace(attempt, ok=False, error=broken))
-        finally:
+Made = tuple[Attempt, list[Diagnostic], list[Diagnostic]]
+
+
+def _export_one(name: str, loaded: LoadedModel, target: Path, opset: int, external: bool,
+                lines: list[tuple[str, int]], before: list[Attempt], *, fallback: bool,
+                placed_of: PlacementOf | None) -> tuple[Attempt, list[Diagnostic], list[Diagnostic], list[Attempt]]:
+    """One strategy at ``opset``, then (``fallback``: no opset was given) the opset fallbacks: onnxruntime
+    cannot run the export, and (``placed_of``: on a GPU) its placement leaves compute nodes on the CPU.
+    Returns the attempt kept (its file at ``target``), its diagnostics, its failure diagnostics and the tries
+    rejected before it."""
+    attempt, diags, failed = _attempt(name, loaded, target, opset, external, lines, before)
+    tries: list[Attempt] = []
+    if not (attempt.ok and fallback):
+        return attempt, diags, failed, tries
+    if broken := _ort_cannot_run(target, loaded, opset):
+        if _custom_domain(target):
+            return attempt, diags, failed, tries  # no opset changes a custom operator: parity says why
+        lower, skipped = _lower_opsets(name, loaded, target, range(opset - 1, MIN_OPSET - 1, -1), external,
+                                       lines, before + [attempt], lambda p, v: _ort_cannot_run(p, loaded, v),
+                                       f"onnxruntime could not run the opset-{opset} export")
+        if lower is None:  # else the newest opset onnxruntime runs; parity says why none does
+            return attempt, diags, failed, tries
+        tries = [dataclasses.replace(attempt, ok=False, error=broken), *skipped]
+        attempt, diags, failed = lower
+    placed = _placed(placed_of, target)
+    problem = placement_problem(placed, attempt.opset)
+    if placed is None or problem is None:
+        return attempt, diags, failed, tries
+    ops = placed.compute_op_types
+    versions = candidate_opsets(attempt.opset, ops)
+
+    def why_not(path: Path, version: int) -> str | None:
+        return _ort_cannot_run(path, loaded, version) or placement_problem(_placed(placed_of, path), version)
+
+    lower, rejected = _lower_opsets(name, loaded, target, versions, external, lines, before + tries + [attempt],
+                                    why_not, f"at opset {attempt.opset} {', '.join(ops)} ran on the CPU")
+    if lower is None:
+        tried = (f"opset{'s' if len(versions) > 1 else ''} {', '.join(map(str, versions))} did not" if versions
+                 else "no lower opset changes them")
+        note = f"opset {attempt.opset} kept: {', '.join(ops)} stay on the CPU ({tried})"
+        kept = dataclasses.replace(attempt, note="; ".join(filter(None, (attempt.note, note))))
+        return kept, diags, failed, tries + rejected
+    return (*lower, tries + [dataclasses.replace(attempt, ok=False, error=problem), *rejected])
+
+
+def _lower_opsets(name: str, loaded: LoadedModel, target: Path, versions: Iterable[int], external: bool,
+                  lines: list[tuple[str, int]], before: list[Attempt], why_not: Callable[[Path, int], str | None],
+                  reason: str) -> tuple[Made | None, list[Attempt]]:
+    """``name`` again at each of ``versions`` (newest first) until ``why_not`` finds nothing wrong with the
+    export, written over ``target``: (that attempt, its diagnostics, its failure diagnostics — None when no
+    version is good or one fails to export: ``target`` then still holds the first export) and the tries
+    rejected, each with its reason."""
+    rejected: list[Attempt] = []
+    trials: dict[int, Path] = {}
+
+    def build(version: int) -> Made | None:
+        trials[version] = trial = target.with_name(f".opset{version}-{target.name}")
+        made = _attempt(name, loaded, trial, version, external, lines, before + rejected)
+        return made if made[0].ok else None
+
+    def reject(version: int, made: Made) -> str | None:
+        why = why_not(trials[version], version)
+        if why is not None:
+            rejected.append(dataclasses.replace(made[0], ok=False, error=why))
+        return why
+
+    try:
+        kept, _ = lower_opsets(versions, build, reject)
+        if kept is None:
+            return None, rejected
+        version, (attempt, diags, failed) = kept
+        move_model(trials[version], target)
+        note = "; ".join(filter(None, (attempt.note, f"opset {version}: {reason}")))
+        return (dataclasses.replace(attempt, note=note), diags, failed), rejected
+    finally:
+        for trial in trials.values():
             for leftover in (trial, trial.with_name(trial.name + ".data")):
                 leftover.unlink(missing_ok=True)
-    return None
+
+
+def _custom_domain(path: Path) -> bool:
+    """Whether ``path`` imports an operator domain of its own (not ONNX's or onnxruntime's)."""
+    model = onnx.load(str(path), load_external_data=False)
+    return any(o.domain not in ("", "ai.onnx", "com.microsoft") for o in model.opset_import)
+
+
+def _gpu_placement(path: Path) -> Placement:
+    return placement(path, "cuda", gpu=config().gpu)
+
+
+def _placed(placed_of: PlacementOf | None, path: Path) -> Placement | None:
+    """``placed_of(path)``, None when there is none or it cannot say (the file then stays as it is)."""
+    if placed_of is None:
+        return None
+    try:
+        return placed_of(path)
+    except Exception:  # noqa: BLE001 - a placement that cannot be read changes nothing
+        return None
 
 
 def _ort_cannot_run(path: Path, loaded: LoadedModel, opset: int) -> str | None:

@@ -2,15 +2,18 @@
 
 ``--device cuda`` asks for the provider chain TensorRT → CUDA → CPU: ONNX Runtime gives each node to the first
 provider in the list that can run it, so every node TensorRT cannot take goes to CUDA and every node neither
-can take falls back to the CPU. :func:`placement` reports which providers a session really uses and which
-nodes ended up on the CPU (from ONNX Runtime's verbose "Node placements" log written while the session is
-created).
+can take falls back to the CPU. TensorRT joins the chain only when its library loads
+(:mod:`onnxport.runtime.libraries`). :func:`placement` reports which providers a session really uses and which
+nodes ended up on the CPU, compute nodes told from shape nodes (from ONNX Runtime's verbose "Node placements"
+log written while the session is created; :mod:`onnxport.runtime.placement`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import re
+import io
+import sys
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +21,10 @@ from pathlib import Path
 from onnxport.core.errors import EnvironmentProblem, UsageError
 from onnxport.core.logs import captured_fds
 from onnxport.runtime import ops
+from onnxport.runtime.libraries import Probe, status, tensorrt_loadable
+from onnxport.runtime.placement import Placement, classify, count_memcpy, parse_placement
+
+__all__ = ["Placement", "parse_placement"]  # re-exported from onnxport.runtime.placement (with the rest below)
 
 OPT_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
               "all": "ORT_ENABLE_ALL"}
@@ -65,9 +72,14 @@ def available_providers() -> list[str]:
 
 
 def provider_chain(device: str = "cpu", *, gpu: GpuOptions | None = None,
-                   available: Sequence[str] | None = None) -> list:
+                   available: Sequence[str] | None = None, probe: Probe | None = None) -> list:
     """The providers to ask ONNX Runtime for on ``device``: CPU alone, or TensorRT → CUDA → CPU with their
     options, keeping only those this onnxruntime offers (``available``: a simulated list in tests).
+
+    TensorRT is kept only when its library loads (:func:`~onnxport.runtime.libraries.tensorrt_loadable`):
+    onnxruntime-gpu lists it without TensorRT installed, and asking for it then prints an "EP Error" block
+    and falls back (:func:`unloadable_providers` says what was dropped). ``probe`` is a simulated library
+    probe; with a simulated ``available`` list and no probe, the listed providers are taken as loadable.
 
     ``cuda`` without the CUDA provider is an EnvironmentProblem (exit 4) naming what to install."""
     if device not in DEVICES:
@@ -81,11 +93,27 @@ def provider_chain(device: str = "cpu", *, gpu: GpuOptions | None = None,
             f"--device cuda needs ONNX Runtime's CUDAExecutionProvider; this onnxruntime offers only "
             f"{', '.join(sorted(have)) or 'none'}", GPU_INSTALL_HINT, code="cuda-unavailable")
     chain: list = []
-    if gpu.tensorrt and TENSORRT in have:
+    if gpu.tensorrt and TENSORRT in have and TENSORRT not in unloadable_providers(have, probe, simulated=available):
         chain.append((TENSORRT, gpu.tensorrt_options()))
     chain.append((CUDA, gpu.cuda_options()))
     chain.append(CPU)
     return chain
+
+
+def unloadable_providers(available: Sequence[str] | set[str] | None = None, probe: Probe | None = None, *,
+                         simulated: Sequence[str] | None = None) -> dict[str, str]:
+    """The providers onnxruntime lists but cannot start here, each with one line saying why
+    ({provider: line}); today TensorRT without its library. ``available`` None: this onnxruntime's list.
+    ``simulated`` (a simulated provider list, as in :func:`provider_chain`) without a ``probe``: nothing."""
+    have = set(available_providers() if available is None else available)
+    if TENSORRT not in have or (probe is None and simulated is not None):
+        return {}
+    if tensorrt_loadable(probe):
+        return {}
+    tried = status("tensorrt", probe).tried
+    return {TENSORRT: f"{TENSORRT} is listed by onnxruntime but TensorRT's library does not load (tried "
+                      f"{', '.join(tried[:3])}): left out of the provider chain; install TensorRT "
+                      f"(pip install tensorrt-cu12) to use it"}
 
 
 def provider_names(chain: Sequence) -> list[str]:
@@ -162,21 +190,47 @@ def strict_fp32() -> Iterator[None]:
 def session(path: str | Path, *, providers: list | None = None, threads: int | None = None,
             opt_level: str = "all", log_severity: int = 3, inter_op_threads: int | None = None,
             execution_mode: str | None = None, enable_mem_pattern: bool | None = None,
-            enable_cpu_mem_arena: bool | None = None, log_sink: list[str] | None = None):
+            enable_cpu_mem_arena: bool | None = None, log_sink: list[str] | None = None,
+            keep_verbose: bool = False):
     """An InferenceSession on ``path`` (the configured device's providers and ORT_ENABLE_ALL unless told otherwise).
 
     ``inter_op_threads``, ``execution_mode`` ("sequential"/"parallel"), ``enable_mem_pattern`` and
     ``enable_cpu_mem_arena`` keep ONNX Runtime's defaults when None. Registered custom-op libraries and
-    Python implementations (custom_ops) are loaded into every session. With ``log_sink`` the session is
-    created with verbose logging and the log text is appended to it (see :func:`placement`).
+    Python implementations (custom_ops) are loaded into every session.
+
+    With ``log_sink`` a session is created with verbose logging, everything written while it is created
+    (file descriptors 1 and 2) is appended to the sink (see :func:`placement`), and the session returned is
+    created again at ``log_severity``: a session keeps the log level it was created with, and the verbose one
+    would log on stderr at every run. ``keep_verbose`` returns the verbose session itself, on one thread (for
+    a caller that reads it and drops it). What onnxruntime prints on stdout while a session is created (its "EP Error"
+    fallback notice) never reaches stdout: it goes to the sink, else to stderr.
     """
+    if log_sink is None:
+        return _open(path, providers, log_severity, None, threads=threads, opt_level=opt_level,
+                     inter_op_threads=inter_op_threads, execution_mode=execution_mode,
+                     enable_mem_pattern=enable_mem_pattern, enable_cpu_mem_arena=enable_cpu_mem_arena)
+    kw = dict(threads=threads, opt_level=opt_level, inter_op_threads=inter_op_threads, execution_mode=execution_mode,
+              enable_mem_pattern=enable_mem_pattern, enable_cpu_mem_arena=enable_cpu_mem_arena)
+    # one thread: a pool's threads log verbosely as they start, maybe after the capture has ended
+    verbose = _open(path, providers, 0, log_sink, restore=log_severity, **{**kw, "threads": 1, "inter_op_threads": 1})
+    if keep_verbose:
+        return verbose
+    del verbose
+    return _open(path, providers, log_severity, log_sink, **kw)
+
+
+def _open(path: str | Path, providers: list | None, severity: int, sink: list[str] | None, *,
+          restore: int | None = None, threads: int | None = None, opt_level: str = "all",
+          inter_op_threads: int | None = None, execution_mode: str | None = None,
+          enable_mem_pattern: bool | None = None, enable_cpu_mem_arena: bool | None = None):
+    """One InferenceSession at log ``severity``; with ``sink`` and severity 0 its creation's fd 1 and 2 go to
+    the sink. The default logger's severity is set to ``restore`` afterwards, even on failure."""
     import onnxruntime as ort
 
-    verbose = log_sink is not None
-    ort.set_default_logger_severity(0 if verbose else log_severity)  # kernel errors are reported by the caller
+    ort.set_default_logger_severity(severity)
     opts = ort.SessionOptions()
     opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPT_LEVELS[opt_level])
-    opts.log_severity_level = 0 if verbose else log_severity
+    opts.log_severity_level = severity
     if threads:
         opts.intra_op_num_threads = threads
     if inter_op_threads:
@@ -191,99 +245,99 @@ def session(path: str | Path, *, providers: list | None = None, threads: int | N
     # benchmark of another variant) otherwise takes the cores from the next one; a run's own parallel
     # sections still spin. Measured: three MiniLM sessions timed in turn ran 1.7-2.8x slower without it.
     opts.add_session_config_entry("session.force_spinning_stop", "1")
+    chain = providers or default_providers()
+    printed = io.StringIO()
+    fds = captured_fds(sink, (1, 2)) if sink is not None and severity == 0 else contextlib.nullcontext()
     try:
-        with ops.prepare_session(path, opts) as load_path, captured_fds(log_sink, (2,)):
-            return ort.InferenceSession(load_path, opts, providers=providers or default_providers())
+        with ops.prepare_session(path, opts) as load_path, fds, _printed_to(printed, chain):
+            try:
+                return ort.InferenceSession(load_path, opts, providers=chain)
+            finally:  # still inside the capture: a thread the session started logs nothing verbose after it
+                if restore is not None:
+                    ort.set_default_logger_severity(restore)
     except EnvironmentProblem:
         raise
     except Exception as e:  # noqa: BLE001 - onnxruntime raises several unrelated types
-        msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
-        hint = ("run 'onnxport check' on the file; the model may use an operator or opset this onnxruntime lacks")
-        if "is not a registered function/op" in msg:
-            hint = ("the model uses a custom operator: pass its compiled library with --custom-op-library, or "
-                    "register a Python implementation with onnxport.custom_ops.ort_python_op (docs/custom_ops.md)")
-        raise UsageError(f"onnxruntime cannot load {Path(path).name}: {msg}", hint) from None
+        raise _load_error(path, e) from None
     finally:
-        if verbose:
-            ort.set_default_logger_severity(log_severity)
+        if restore is not None:
+            ort.set_default_logger_severity(restore)
+        if printed.getvalue():
+            (sink.append if sink is not None else sys.stderr.write)(printed.getvalue())
+
+
+_PRINTS = threading.Lock()
+
+
+@contextlib.contextmanager
+def _printed_to(buffer: io.StringIO, chain: Sequence) -> Iterator[None]:
+    """Python's stdout into ``buffer`` while a session with a GPU provider is created (onnxruntime prints
+    its provider fallback there); one session at a time, so that concurrent ones restore stdout in order."""
+    if all(name == CPU for name in provider_names(chain)):
+        yield
+        return
+    with _PRINTS, contextlib.redirect_stdout(buffer):
+        yield
+
+
+def _load_error(path: str | Path, e: Exception) -> UsageError:
+    msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+    hint = "run 'onnxport check' on the file; the model may use an operator or opset this onnxruntime lacks"
+    if "is not a registered function/op" in msg:
+        hint = ("the model uses a custom operator: pass its compiled library with --custom-op-library, or "
+                "register a Python implementation with onnxport.custom_ops.ort_python_op (docs/custom_ops.md)")
+    return UsageError(f"onnxruntime cannot load {Path(path).name}: {msg}", hint)
 
 
 # --------------------------------------------------------------------------- placement
 
 
-@dataclass(frozen=True)
-class Placement:
-    """Which providers a session uses and where its nodes went."""
-
-    device: str
-    providers_requested: tuple[str, ...]
-    providers_used: tuple[str, ...]  # session.get_providers(): the requested ones the session kept
-    nodes_per_provider: dict[str, int] = field(default_factory=dict)
-    cpu_fallback_nodes: tuple[str, ...] = ()  # "OpType (name)" of nodes on the CPU although a GPU was asked for
-
-    def to_dict(self) -> dict:
-        return {"device": self.device, "providers_requested": list(self.providers_requested),
-                "providers_used": list(self.providers_used), "nodes_per_provider": dict(self.nodes_per_provider),
-                "cpu_fallback_nodes": list(self.cpu_fallback_nodes)}
-
-
-_ALL_ON = re.compile(r"All nodes placed on \[(\w+)\]\. Number of nodes: (\d+)")
-_SOME_ON = re.compile(r"Node\(s\) placed on \[(\w+)\]\. Number of nodes: (\d+)")
-_NODE = re.compile(r"\]\s{2,}(\S.*?)\s*$")
-
-
-def parse_placement(log: str) -> tuple[dict[str, int], dict[str, list[str]]]:
-    """ONNX Runtime's verbose "Node placements" lines -> ({provider: node count}, {provider: ["Op (name)"]}).
-
-    ONNX Runtime writes ``All nodes placed on [EP]. Number of nodes: N`` when one provider takes everything,
-    else one ``Node(s) placed on [EP]. Number of nodes: N`` line per provider followed by one line per node."""
-    counts: dict[str, int] = {}
-    nodes: dict[str, list[str]] = {}
-    current: str | None = None
-    for line in log.splitlines():
-        if "VerifyEachNodeIsAssignedToAnEp" not in line and current is None:
-            continue
-        m = _ALL_ON.search(line)
-        if m:
-            counts[m.group(1)] = int(m.group(2))
-            current = None
-            continue
-        m = _SOME_ON.search(line)
-        if m:
-            current = m.group(1)
-            counts[current] = int(m.group(2))
-            nodes[current] = []
-            continue
-        if current is not None and "VerifyEachNodeIsAssignedToAnEp" in line:
-            n = _NODE.search(line)
-            if n and "Node placements" not in line:
-                nodes[current].append(n.group(1))
-            continue
-        current = None
-    return counts, nodes
-
-
 def placement(path: str | Path, device: str = "cpu", *, gpu: GpuOptions | None = None,
-              available: Sequence[str] | None = None, providers: list | None = None) -> Placement:
+              available: Sequence[str] | None = None, providers: list | None = None,
+              probe: Probe | None = None) -> Placement:
     """Open a session on ``path`` with ``device``'s provider chain and report where the nodes went.
 
-    ``providers`` overrides the chain (e.g. a simulated chain in tests)."""
-    chain = providers if providers is not None else provider_chain(device, gpu=gpu, available=available)
+    ``providers`` overrides the chain (e.g. a simulated chain in tests); ``available`` and ``probe``
+    simulate the provider list and the library probe."""
+    chain = (providers if providers is not None
+             else provider_chain(device, gpu=gpu, available=available, probe=probe))
     log: list[str] = []
-    sess = session(path, providers=chain, log_sink=log)
-    return placement_from(sess, device, chain, "".join(log))
+    sess = session(path, providers=chain, log_sink=log, keep_verbose=True)
+    graph = None
+    if device != "cpu":
+        try:
+            import onnx
+
+            graph = onnx.load(str(path), load_external_data=False).graph
+        except Exception:  # noqa: BLE001 - the graph only refines the classification
+            graph = None
+    return placement_from(sess, device, chain, "".join(log), graph=graph, available=available, probe=probe,
+                          gpu=gpu)
 
 
-def placement_from(sess, device: str, chain: Sequence, log: str) -> Placement:
-    """:class:`Placement` from an open session and the verbose log of its creation."""
+def placement_from(sess, device: str, chain: Sequence, log: str, *, graph=None,
+                   available: Sequence[str] | None = None, probe: Probe | None = None,
+                   gpu: GpuOptions | None = None) -> Placement:
+    """:class:`Placement` from an open session and the verbose log of its creation; ``graph`` (the ONNX
+    graph, when known) tells shape ops on shapes from the same ops on data (see
+    :mod:`onnxport.runtime.placement`). Providers listed but unloadable are reported unless ``gpu`` (default:
+    the configured options) turned TensorRT off."""
     counts, nodes = parse_placement(log)
     used = tuple(sess.get_providers())
     fallback: tuple[str, ...] = ()
+    compute: tuple[str, ...] = ()
+    shape: tuple[str, ...] = ()
+    unloadable: tuple[str, ...] = ()
     if device != "cpu":
         fallback = tuple(nodes.get(CPU, ()))
         if not fallback and counts.get(CPU) and len(counts) == 1:
-            fallback = (f"all {counts[CPU]} nodes",)
-    return Placement(device, tuple(provider_names(chain)), used, counts, fallback)
+            fallback = compute = (f"all {counts[CPU]} nodes",)
+        else:
+            compute, shape = classify(fallback, log, graph)
+        if (gpu or _CONFIG.gpu).tensorrt:
+            unloadable = tuple(unloadable_providers(available, probe, simulated=available).values())
+    return Placement(device, tuple(provider_names(chain)), used, counts, fallback, compute, shape,
+                     count_memcpy(nodes), unloadable)
 
 
 # --------------------------------------------------------------------------- IO binding
