@@ -76,6 +76,24 @@ def test_gpu_config_has_tensorrt_and_tuned_threads(tmp_path, mlp_out):  # noqa: 
     assert source.name == "mlp-gpu" and source.session_options == {"threads": 3, "inter_op_threads": 2}
 
 
+def test_gpu_config_reproduces_the_best_variants_session_options(tmp_path, mlp_out):  # noqa: F811
+    out = tmp_path / "out"
+    shutil.copytree(mlp_out, out)
+    shutil.copy2(out / "model.onnx", out / "best.onnx")
+    report = json.loads((out / "report.json").read_text())
+    report["best"] = {"name": "cuda-graph", "path": "best.onnx", "session_options": {
+        "provider": "CUDAExecutionProvider", "use_tf32": False, "enable_cuda_graph": True, "io_binding": True}}
+    (out / "report.json").write_text(json.dumps(report))
+    repo = triton_repository(out, tmp_path / "repo", name="graph", gpu=True, max_batch=8)
+    cfg = parse(repo.config_path)
+    (accel,) = cfg.optimization.execution_accelerators.gpu_execution_accelerator
+    assert accel.name == "cuda" and dict(accel.parameters) == {"use_tf32": "0", "enable_cuda_graph": "1"}
+    assert not cfg.HasField("dynamic_batching")  # a captured graph replays one shape
+    assert "enable_cuda_graph: ONNX Runtime captures one CUDA graph" in repo.config_path.read_text()
+    cpu = parse(triton_repository(out, tmp_path / "repo", name="cpu", max_batch=8).config_path)
+    assert not cpu.optimization.execution_accelerators.gpu_execution_accelerator and cpu.HasField("dynamic_batching")
+
+
 def test_fixed_shape_model_has_no_batch_dim(tmp_path):
     path = fixed_shape_model(tmp_path / "fixed.onnx")
     repo = triton_repository(path, tmp_path / "repo", max_batch=16)

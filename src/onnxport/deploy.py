@@ -70,18 +70,19 @@ class TritonRepository:
                 "files": [str(f) for f in self.files]}
 
 
-def _read_out(path: Path) -> tuple[Path, str, dict, dict[str, int]]:
-    """ONNX file, default name, session options and warmup sizes from an output folder or .onnx file."""
+def _read_out(path: Path) -> tuple[Path, str, dict, dict[str, int], dict]:
+    """ONNX file, default name, session options, warmup sizes and the best variant's session options (report
+    ``best.session_options``) from an output folder or .onnx file."""
     if path.is_file():
         if path.suffix != ".onnx":
             raise UsageError(f"{path} is not an .onnx file", "pass an onnxport output folder or a .onnx file")
-        return path, path.stem, {}, {}
+        return path, path.stem, {}, {}, {}
     if not path.is_dir():
         raise UsageError(f"{path} does not exist", "pass an onnxport output folder or a .onnx file")
     onnx_path = path / "best.onnx" if (path / "best.onnx").is_file() else path / "model.onnx"
     if not onnx_path.is_file():
         raise UsageError(f"{path} holds no model.onnx", "run 'onnxport export' or 'onnxport convert' first")
-    name, options, sizes = path.resolve().name, {}, {}
+    name, options, sizes, variant = path.resolve().name, {}, {}, {}
     if (path / "report.json").is_file():
         try:
             report = json.loads((path / "report.json").read_text(encoding="utf-8"))
@@ -95,7 +96,10 @@ def _read_out(path: Path) -> tuple[Path, str, dict, dict[str, int]]:
         bench = report.get("benchmark")
         if isinstance(bench, dict):
             options = session_options_from_tuned(bench.get("tuned"))
-    return onnx_path, name, options, sizes
+        best = report.get("best")
+        if onnx_path.name == "best.onnx" and isinstance(best, dict) and isinstance(best.get("session_options"), dict):
+            variant = dict(best["session_options"])
+    return onnx_path, name, options, sizes, variant
 
 
 def triton_repository(out_or_onnx: str | Path, repo_dir: str | Path, *, name: str | None = None,
@@ -105,8 +109,10 @@ def triton_repository(out_or_onnx: str | Path, repo_dir: str | Path, *, name: st
     ``REPO/<name>/inferenceservice.yaml`` for an onnxport output folder or a .onnx file.
 
     An existing ``REPO/<name>`` is replaced only with ``force=True``. ``serve REPO`` serves the result.
+    With ``gpu``, the config reproduces the session options the best variant was proven and timed with
+    (TF32, CUDA graph, TensorRT fp16: report ``best.session_options``).
     """
-    onnx_path, default_name, options, sizes = _read_out(Path(out_or_onnx))
+    onnx_path, default_name, options, sizes, variant = _read_out(Path(out_or_onnx))
     name = re.sub(r"[^A-Za-z0-9_.\-]+", "_", name or default_name).strip("_.") or "model"
     if max_batch < 0 or instance_count < 1 or max_delay_ms < 0:
         raise UsageError(f"max_batch={max_batch}, instances={instance_count}, max_delay_ms={max_delay_ms}",
@@ -120,7 +126,8 @@ def triton_repository(out_or_onnx: str | Path, repo_dir: str | Path, *, name: st
             raise UsageError(f"{model_dir} exists and is not a folder", "remove it or choose another --name")
     sig = read_signature(onnx_path)
     config = model_config(sig, name, max_batch=max_batch, max_delay_us=int(max_delay_ms * 1000),
-                          instance_count=instance_count, gpu=gpu, session_options=options, warmup_sizes=sizes)
+                          instance_count=instance_count, gpu=gpu, session_options=options, warmup_sizes=sizes,
+                          variant_options=variant)
     tmp = repo / f".{name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "1").mkdir(parents=True)

@@ -272,15 +272,28 @@ def _prove(loaded: LoadedModel, result: ExportResult, out: Path, diags: list[Dia
     if bench and ok:
         progress("benchmarking PyTorch against ONNX Runtime")
         t = time.perf_counter()
-        paths = {"onnxruntime": model_file, **{f"onnxruntime:{Path(p).stem}": Path(p) for p in extra_files}}
-        best = outcome.optimized.best if outcome.optimized is not None else None
-        if best is not None and best.name != "export":
-            paths[f"onnxruntime:best ({best.name})"] = out / "best.onnx"
-        measured = bench_run(loaded, paths, progress=progress, **bench)
+        paths, own = _bench_backends(outcome, model_file, out, extra_files)
+        measured = bench_run(loaded, paths, progress=progress, extra_backends=own,
+                             **{"io_binding": runtime.config().device == "cuda", **bench})
         outcome = outcome.but(benchmark=measured, stage_seconds={**outcome.stage_seconds,
                                                                  "bench": time.perf_counter() - t})
         rep = _write(outcome, out)
     return rep
+
+
+def _bench_backends(outcome: Outcome, model_file: Path, out: Path, extra_files: Sequence[str | Path]
+                    ) -> tuple[dict[str, Path], list]:
+    """The files the benchmark times, and the best variant as its own backend when it needs session options
+    of its own (TF32, a CUDA graph, TensorRT): timed as it was proven, as serve and Triton run it."""
+    paths = {"onnxruntime": model_file, **{f"onnxruntime:{Path(p).stem}": Path(p) for p in extra_files}}
+    best = outcome.optimized.best if outcome.optimized is not None else None
+    if best is None:
+        return paths, []
+    label = f"onnxruntime:best ({best.name})"
+    options = dict(best.session_options or {})
+    if not options or options == optimize.gpu.base_options(runtime.config().device):
+        return (paths if best.name == "export" else {**paths, label: out / "best.onnx"}), []
+    return paths, [optimize.gpu.SessionBackend(out / "best.onnx", optimize.open_for(options, out), label)]
 
 
 def _prove_samples(outcome: Outcome, result: ExportResult, samples: datasets.SampleSet | None,

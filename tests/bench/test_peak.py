@@ -23,3 +23,31 @@ def test_peak_is_measured_once_then_cached(tmp_path, monkeypatch):
     assert gemm_peak(1, cache_file=cache, refresh=True)["gflops"] == 1.0 and calls == [1]
     cache.write_text("not json")  # a corrupt cache is measured anew, not an error
     assert gemm_peak(1, cache_file=cache)["cached"] is False
+
+
+def test_gpu_peak_is_cached_per_device_name_beside_the_cpu_peak(tmp_path, monkeypatch):
+    cache = tmp_path / "peak.json"
+    calls = []
+    measured = {"gflops": 51000.0, "by_precision": {"fp32": 51000.0, "tf32": 380000.0, "fp16": 700000.0}}
+    monkeypatch.setattr(peak, "measure_gpu_gemm", lambda size, repeats: calls.append(size) or dict(measured))
+    first = peak.gpu_peak("NVIDIA H100 80GB HBM3", cache_file=cache, size=256)
+    again = peak.gpu_peak("NVIDIA H100 80GB HBM3", cache_file=cache, size=256)
+    other = peak.gpu_peak("NVIDIA H200", cache_file=cache, size=256)
+    assert calls == [256, 256] and first["cached"] is False and again["cached"] is True and not other["cached"]
+    assert again["by_precision"] == measured["by_precision"]
+    cache_keys = json.loads(cache.read_text())
+    assert set(cache_keys) == {peak.gpu_peak_key("NVIDIA H100 80GB HBM3"), peak.gpu_peak_key("NVIDIA H200")}
+
+
+def test_the_percentage_of_peak_is_of_the_device_and_precision_it_runs_in(tmp_path, monkeypatch):
+    gpu = {"gflops": 50000.0, "by_precision": {"fp32": 50000.0, "tf32": 400000.0, "fp16": 800000.0}}
+    monkeypatch.setattr(peak, "gpu_peak", lambda **k: dict(gpu))
+    monkeypatch.setattr(peak, "gemm_peak", lambda threads, **k: {"gflops": 100.0, "threads": threads})
+    assert peak.device_peak("cuda", 2)["by_precision"]["fp16"] == 800000.0
+    assert peak.device_peak("cpu", 2) == {"gflops": 100.0, "threads": 2}
+    chosen = {b: peak.peak_gflops(gpu, b) for b in ("pytorch", "onnxruntime", "onnxruntime:best (fp16)",
+                                                    "onnxruntime:best (tensorrt)", "onnxruntime:tf32")}
+    assert chosen == {"pytorch": 50000.0, "onnxruntime": 50000.0, "onnxruntime:best (fp16)": 800000.0,
+                      "onnxruntime:best (tensorrt)": 800000.0, "onnxruntime:tf32": 400000.0}
+    assert peak.peak_gflops({"gflops": 100.0}, "onnxruntime:best (fp16)") == 100.0  # a CPU: one fp32 peak
+    assert peak.peak_gflops(None, "pytorch") is None

@@ -1,4 +1,7 @@
-"""The machine's measured fp32 GEMM peak (GFLOP/s), cached per CPU model and thread count."""
+"""The machine's measured GEMM peak (GFLOP/s): the CPU's fp32 peak, cached per CPU model and thread count, and
+a GPU's own matmul peak (fp32 with TF32 off, TF32, fp16), cached per GPU name. The benchmark's "% peak" divides
+by the peak of the device it runs on (:func:`device_peak`) in the precision the backend computes in
+(:func:`peak_gflops`)."""
 
 from __future__ import annotations
 
@@ -82,8 +85,12 @@ def gemm_peak(threads: int | None = None, *, cache_file: str | Path | None = Non
     The result carries ``cached``: whether it came from the file.
     """
     threads = threads or default_threads()
-    path = Path(cache_file) if cache_file else cache_dir() / "peak.json"
-    key = peak_key(threads)
+    return _cached(Path(cache_file) if cache_file else cache_dir() / "peak.json", peak_key(threads),
+                   lambda: measure_gemm(threads, size, repeats), refresh)
+
+
+def _cached(path: Path, key: str, measure: Callable[[], dict], refresh: bool) -> dict:
+    """``path[key]`` when it holds a measurement (and not ``refresh``), else ``measure()`` stored there."""
     data: dict = {}
     try:
         data = json.loads(path.read_text())
@@ -93,7 +100,7 @@ def gemm_peak(threads: int | None = None, *, cache_file: str | Path | None = Non
         data = {}
     if not refresh and isinstance(data.get(key), dict) and data[key].get("gflops"):
         return {**data[key], "cached": True}
-    measured = measure_gemm(threads, size, repeats)
+    measured = measure()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         try:  # merge with what another process may have written meanwhile
@@ -108,3 +115,92 @@ def gemm_peak(threads: int | None = None, *, cache_file: str | Path | None = Non
     except OSError:
         pass  # an unwritable cache only costs a re-measurement next time
     return {**measured, "cached": False}
+
+
+# --------------------------------------------------------------------------- GPU
+
+GPU_PRECISIONS = ("fp32", "tf32", "fp16")  # fp32 with TF32 off (how onnxport proves fp32), TF32, fp16
+
+
+def gpu_peak_key(device_name: str) -> str:
+    """The key of a GPU's peak in the peak cache file."""
+    return f"{device_name} | cuda"
+
+
+def measure_gpu_gemm(size: int = 8192, repeats: int = 20, device_id: int = 0) -> dict:
+    """Best-of-``repeats`` torch.mm speed of square ``size`` matrices on CUDA device ``device_id`` in fp32 with
+    TF32 off, in TF32 and in fp16, timed with CUDA events after a warm-up (the switches are restored)."""
+    import torch
+
+    dev = torch.device("cuda", device_id)
+    work = 2.0 * size**3
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
+    results: dict[str, float] = {}
+    try:
+        for precision in GPU_PRECISIONS:
+            torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+            torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+            dtype = torch.float16 if precision == "fp16" else torch.float32
+            g = torch.Generator(device=dev).manual_seed(0)
+            a = torch.randn(size, size, generator=g, device=dev, dtype=dtype)
+            b = torch.randn(size, size, generator=g, device=dev, dtype=dtype)
+            out = torch.empty(size, size, device=dev, dtype=dtype)
+            for _ in range(3):
+                torch.mm(a, b, out=out)
+            torch.cuda.synchronize(dev)
+            best = float("inf")
+            for _ in range(repeats):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                torch.mm(a, b, out=out)
+                end.record()
+                end.synchronize()
+                best = min(best, start.elapsed_time(end) / 1e3)
+            results[precision] = work / best / 1e9
+            del a, b, out
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved[0]
+        torch.set_float32_matmul_precision(saved[1])
+    return {"gflops": round(results["fp32"], 2), "method": "torch.mm on cuda (CUDA events)",
+            "by_precision": {k: round(v, 2) for k, v in results.items()}, "size": size, "repeats": repeats,
+            "device": torch.cuda.get_device_name(dev),
+            "measured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def gpu_peak(device_name: str | None = None, *, cache_file: str | Path | None = None, size: int = 8192,
+             repeats: int = 20, refresh: bool = False) -> dict:
+    """The GPU's measured matmul peak (``gflops``: fp32 with TF32 off; ``by_precision``: fp32, tf32, fp16),
+    cached per GPU name in the same file as the CPU peak; ``device_name`` default: CUDA device 0's."""
+    if device_name is None:
+        import torch
+
+        device_name = torch.cuda.get_device_name(0)
+    return _cached(Path(cache_file) if cache_file else cache_dir() / "peak.json", gpu_peak_key(device_name),
+                   lambda: measure_gpu_gemm(size, repeats), refresh)
+
+
+def device_peak(device: str, threads: int | None = None, *, cache_file: str | Path | None = None) -> dict:
+    """The peak the benchmark on ``device`` is set against: the GPU's own on "cuda", else the CPU GEMM peak."""
+    if device == "cuda":
+        return gpu_peak(cache_file=cache_file)
+    return gemm_peak(threads, cache_file=cache_file)
+
+
+def backend_precision(backend: str) -> str:
+    """The precision a benchmark backend computes its matmuls in, read from its label (fp16 and TensorRT files:
+    fp16; tf32: TF32; every other one: fp32)."""
+    name = backend.lower()
+    if "fp16" in name or "tensorrt" in name:
+        return "fp16"
+    return "tf32" if "tf32" in name else "fp32"
+
+
+def peak_gflops(peak: dict | None, backend: str) -> float | None:
+    """The GFLOP/s a backend's achieved speed is a percentage of: a GPU peak in the backend's precision
+    (:func:`backend_precision`), the CPU's fp32 peak otherwise."""
+    if not peak:
+        return None
+    by = peak.get("by_precision") or {}
+    value = by.get(backend_precision(backend)) if by else None
+    value = value or peak.get("gflops")
+    return float(value) if value else None

@@ -23,7 +23,7 @@ import numpy as np
 from onnxport import environment
 from onnxport.bench.flopcount import flops
 from onnxport.bench.harness import stats, timed_blocks
-from onnxport.bench.peak import gemm_peak
+from onnxport.bench.peak import device_peak, peak_gflops
 from onnxport.bench.tuning import tune
 from onnxport.core.errors import UsageError
 from onnxport.core.logs import Progress, noop
@@ -39,6 +39,7 @@ from onnxport.runtime.backends import (
     default_threads,
     openvino_available,
 )
+from onnxport.runtime.sessions import config as runtime_config
 from onnxport.sources.base import LoadedModel
 
 
@@ -162,7 +163,8 @@ def run(loaded: LoadedModel, onnx_paths: dict[str, Path], *, batches: Sequence[i
         seq_lens: Sequence[int] | None = None, threads: int | None = None, warmup: int = 5, min_runs: int = 50,
         max_seconds: float = 10.0, block: int = 5, compile: bool = False, openvino: bool | None = None,
         tune_ort: bool = False, tune_budget_s: float = 30.0, peak: bool = True,
-        progress: Progress | None = None, io_binding: bool = False) -> BenchResult:
+        progress: Progress | None = None, io_binding: bool = False, device: str | None = None,
+        extra_backends: Sequence[Backend] = ()) -> BenchResult:
     """Benchmark PyTorch eager (and torch.compile if ``compile``) against each ONNX file in ``onnx_paths``.
 
     ``onnx_paths`` maps a backend label (e.g. "onnxruntime", "onnxruntime:best") to a file; the first is
@@ -171,6 +173,9 @@ def run(loaded: LoadedModel, onnx_paths: dict[str, Path], *, batches: Sequence[i
     end it earlier. ``tune_ort`` searches session options on the first file (``tune``) and adds the tuned
     session as "onnxruntime:tuned". ``peak`` measures (or reads the cached) GEMM peak for the roofline.
     ``io_binding`` runs ONNX Runtime through IO binding (inputs bound once per size on the session's device).
+    ``device`` (default: the configured one): on "cuda" the "% peak" is of the GPU's own matmul peak in the
+    precision each backend computes in (bench/peak.py), not of the CPU's. ``extra_backends``: more backends to
+    time, unopened (a variant run with its recorded session options: optimize.gpu.SessionBackend).
     """
     say = progress or noop
     t_start = time.perf_counter()
@@ -181,15 +186,16 @@ def run(loaded: LoadedModel, onnx_paths: dict[str, Path], *, batches: Sequence[i
     reference = next(iter(onnx_paths.values()), None)
     peak_info = None
     if peak:
-        say("measuring the fp32 GEMM peak (cached after the first time)")
-        peak_info = gemm_peak(threads)
+        device = device or runtime_config().device
+        say(f"measuring the {'GPU matmul' if device == 'cuda' else 'fp32 GEMM'} peak (cached after the first time)")
+        peak_info = device_peak(device, threads)
     tuned = None
     if reference is not None and tune_ort:
         say("tuning ONNX Runtime session options")
         tuned = tune(reference, spec_feeds(loaded.inputs, sizes_list[0][2]), threads=threads,
                      budget_s=tune_budget_s, progress=say)
     backends = _backends(loaded, onnx_paths, threads, compile=compile, openvino=openvino, io_binding=io_binding,
-                         tuned=tuned, notes=notes)
+                         tuned=tuned, notes=notes) + list(extra_backends)
     timing = _Timing(warmup, min_runs, max_seconds, block)
     rows = _bench_all(loaded, backends, sizes_list, reference, peak_info, timing, notes, say)
     settings = {"warmup": warmup, "min_runs": min_runs, "max_seconds": max_seconds, "block": block,
@@ -316,7 +322,8 @@ def _bench_one(backends: list[Backend], feeds: dict[str, np.ndarray], batch: int
         if b.name == "pytorch":
             ref_p50 = st["p50_ms"]
         gflops = work / (st["p50_ms"] / 1e3) / 1e9 if work else None
-        pct = 100.0 * gflops / peak_info["gflops"] if gflops and peak_info and peak_info.get("gflops") else None
+        top = peak_gflops(peak_info, b.name)
+        pct = 100.0 * gflops / top if gflops and top else None
         diff = None if b.name == ref_name else compare_outputs(outputs[ref_name], outputs[b.name])
         rows.append(Run(b.name, batch, seq, shapes, st["p50_ms"], st["p90_ms"], st["p99_ms"], st["mean_ms"],
                         st["std_ms"], st["min_ms"], st["runs"], st["throughput"],

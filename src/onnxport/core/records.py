@@ -125,6 +125,12 @@ FP32 = Tolerance(1e-4, 1e-3)
 FP16 = Tolerance(1e-2, 1e-2)
 
 
+# TF32 (the CUDA provider's use_tf32=1) rounds the operands of fp32 MatMul/Conv to a 10-bit mantissa (unit
+# roundoff 2^-11 ~ 4.9e-4) but accumulates in fp32 and keeps fp32 activations between ops, so its error stays
+# below fp16's: seen 2e-4 to 5e-3 on resnet18, a BERT and the TextClassifier (1e-6 with TF32 off).
+TF32 = Tolerance(5e-3, 5e-3)
+
+
 class Failure(str, Enum):
     """Why a parity case failed: what the diagnosis and the variant policy branch on (never the message)."""
 

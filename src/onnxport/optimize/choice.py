@@ -10,7 +10,7 @@ import functools
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +29,34 @@ from onnxport.optimize.context import (
     reference_outputs,
 )
 from onnxport.optimize.fusion import build_fused, transformer_params
+from onnxport.optimize.gpu import (
+    SessionBackend,
+    base_options,
+    build_cuda_graph,
+    build_tensorrt,
+    build_tf32,
+    needs_fixed_shapes,
+    open_for,
+    providers_for,
+)
 from onnxport.optimize.graph import build_ort, build_slim, file_facts, relative, replace_model, short_error
 from onnxport.optimize.plan import Plan, default_plan
 from onnxport.optimize.policy import prove
 from onnxport.optimize.precision import build_fp16
-from onnxport.optimize.result import AUTO, BASELINE, VARIANTS, OptimizeResult, Variant, parse_names
+from onnxport.optimize.result import (
+    ALL_VARIANTS,
+    AUTO,
+    BASELINE,
+    OptimizeResult,
+    Variant,
+    parse_names,
+)
 from onnxport.optimize.sensitivity import build_int8_searched
 from onnxport.prove import batching
 from onnxport.prove.samples import SampleRefs
 from onnxport.runtime.backends import OrtBackend, default_threads
 from onnxport.runtime.feeds import FeedMap
+from onnxport.runtime.sessions import CPU, TENSORRT
 from onnxport.sources.base import LoadedModel
 
 TIMING_MEMORY_BYTES = 4 * 1024**3  # above this much ONNX on disk, variants are timed one at a time
@@ -70,13 +88,23 @@ def select_best(entries: Sequence[Variant | Mapping[str, Any]]) -> Variant | Map
 # --------------------------------------------------------------------------- timing
 
 
+def _backend(name: str, path: Path, options: Mapping | None, threads: int, out_dir: Path | None, device: str):
+    """The timing backend of one file run with its variant's session ``options`` (IO binding on a GPU)."""
+    if options and (needs_fixed_shapes(options) or options.get("provider") == TENSORRT):
+        return SessionBackend(path, open_for(options, out_dir, threads=threads), name)
+    providers = providers_for(options, out_dir) if options and options.get("provider", CPU) != CPU else None
+    return OrtBackend(path, threads=threads, name=name, providers=providers, io_binding=device == "cuda")
+
+
 def measure(paths: dict[str, Path], loaded: LoadedModel, batches: Sequence[int], *, seq: int | None = None,
-            seconds: float = 1.5, threads: int | None = None) -> Latencies:
-    """p50 ms per name and batch, all files timed in interleaved warm blocks on the same inputs and threads."""
+            seconds: float = 1.5, threads: int | None = None, options: Mapping[str, dict] | None = None,
+            out_dir: Path | None = None, device: str = "cpu") -> Latencies:
+    """p50 ms per name and batch, all files timed in interleaved warm blocks on the same inputs and threads;
+    ``options``: each name's session options (optimize/gpu.py), ``out_dir`` resolves their relative paths."""
     threads = threads or default_threads()
     backends = {}
     for name, p in paths.items():
-        b = OrtBackend(p, threads=threads, name=name)
+        b = _backend(name, p, (options or {}).get(name), threads, out_dir, device)
         try:
             b.open()
         except Exception:  # noqa: BLE001 - a file that cannot load was already reported by prove()
@@ -112,6 +140,9 @@ class _Timing:
     seq: int | None
     seconds: float
     threads: int
+    options: dict[str, dict] = field(default_factory=dict)  # each variant's session options (filled as built)
+    out: Path | None = None
+    device: str = "cpu"
 
     @property
     def first_key(self) -> str:
@@ -122,7 +153,13 @@ class _Timing:
             seconds: float | None = None) -> Latencies:
         """:func:`measure` (looked up at call time) of ``paths`` at these settings."""
         return measure(paths, self.loaded, self.batches if batches is None else batches, seq=self.seq,
-                       seconds=self.seconds if seconds is None else seconds, threads=self.threads)
+                       seconds=self.seconds if seconds is None else seconds, threads=self.threads,
+                       options=self.options, out_dir=self.out, device=self.device)
+
+    def fastest(self, paths: dict[str, Path]) -> str:
+        """The name of the fastest of ``paths`` at the first size timed (a short timing)."""
+        lat = self.run(paths, seconds=min(self.seconds, 1.0))
+        return min(paths, key=lambda n: lat.get(n, {}).get(self.first_key) or float("inf"))
 
 
 def _latencies(timed: dict[str, Path], timing: _Timing) -> tuple[Latencies, dict[str, float | None]]:
@@ -195,36 +232,51 @@ def _build_fused_int8(src: Path, dst: Path, ctx: BuildContext, fused: Path | Non
 
 BUILDERS: dict[str, Builder] = {
     "slim": build_slim, "ort": build_ort, "fused": build_fused, "fp16": build_fp16,
-    "int8": functools.partial(build_int8_searched, "int8"),
+    "int8": functools.partial(build_int8_searched, "int8"), "tf32": build_tf32, "tensorrt": build_tensorrt,
 }
 
 
-def build_variant(name: str, src: Path, dst: Path, ctx: BuildContext, built: Mapping[str, Path]) -> BuildOutcome:
+def build_variant(name: str, src: Path, dst: Path, ctx: BuildContext, built: Mapping[str, Path],
+                  passed: Mapping[str, Path] | None = None, timing: _Timing | None = None) -> BuildOutcome:
     """Write variant ``name`` of ``src`` to ``dst``; ``built``: the variants already written (fused+int8
-    starts from ``fused``). Raises Skip when the variant does not apply."""
+    starts from ``fused``); ``passed``: the files already proven, and ``timing`` to pick the fastest of them
+    (cuda-graph captures one). Raises Skip when the variant does not apply."""
     if name == "fused+int8":
         return _build_fused_int8(src, dst, ctx, built.get("fused"))
+    if name == "cuda-graph":
+        return build_cuda_graph(src, dst, ctx, {"export": src, **(passed or {})},
+                                fastest=timing.fastest if timing is not None else None)
     return BUILDERS[name](src, dst, ctx)
+
+
+def _opener(ctx: BuildContext, options: dict | None, out: Path):
+    """How a variant's proof opens its session: with its own options, or on a GPU the recorded defaults (CUDA,
+    TF32 off) rather than whatever chain the device has; None on the CPU (the configured sessions)."""
+    if options is None and ctx.device != "cuda":
+        return None
+    return open_for(options or base_options(ctx.device), out)
 
 
 def _baseline(model_path: Path, out: Path, ctx: BuildContext) -> Variant:
     """The plain export, proven like every variant (no divergence: it was proven when exported)."""
     ctx.progress("proving the plain export (baseline)")
     t0 = time.perf_counter()
-    proof = prove(ctx.loaded, BASELINE, model_path, ctx.refs, ctx.tolerance, ctx.samples)
+    proof = prove(ctx.loaded, BASELINE, model_path, ctx.refs, ctx.tolerance, ctx.samples, _opener(ctx, None, out))
     return Variant(BASELINE, relative(model_path, out), prove_seconds=time.perf_counter() - t0,
                    batch_invariant=_batch_invariance(ctx, BASELINE, model_path),
+                   session_options=base_options(ctx.device),
                    **file_facts(model_path), **replace(proof, divergence=None).variant_fields())
 
 
-def _variant(name: str, src: Path, dst: Path, out: Path, ctx: BuildContext, built: Mapping[str, Path]) -> Variant:
+def _variant(name: str, src: Path, dst: Path, out: Path, ctx: BuildContext, built: Mapping[str, Path],
+             passed: Mapping[str, Path] | None = None, timing: _Timing | None = None) -> Variant:
     """Build variant ``name`` into ``dst`` and prove it (a builder that crashes gives a failed variant)."""
     ctx.progress(f"variant {name}: building")
     for stale in (dst, dst.parent / (dst.name + ".data")):
         stale.unlink(missing_ok=True)
     t0 = time.perf_counter()
     try:
-        outcome = build_variant(name, src, dst, ctx, built)
+        outcome = build_variant(name, src, dst, ctx, built, passed, timing)
     except Skip as e:
         return Variant(name, None, False, reason=str(e), skipped=str(e), build_seconds=time.perf_counter() - t0)
     except Exception as e:  # noqa: BLE001 - a tool that crashes is a failed variant, not a crash
@@ -233,13 +285,18 @@ def _variant(name: str, src: Path, dst: Path, out: Path, ctx: BuildContext, buil
     build_s = time.perf_counter() - t0
     ctx.progress(f"variant {name}: proving against PyTorch")
     t1 = time.perf_counter()
+    file = outcome.path or dst
+    opener = _opener(ctx, outcome.session_options, out)
     proof = (outcome.proof if outcome.proof is not None
-             else prove(ctx.loaded, name, dst, ctx.refs, ctx.tolerance, ctx.samples))
+             else prove(ctx.loaded, outcome.policy or name, file, ctx.refs, ctx.tolerance, ctx.samples, opener))
     prove_s = outcome.prove_seconds + time.perf_counter() - t1
     build_s -= outcome.prove_seconds
-    invariant = _batch_invariance(ctx, name, dst) if proof.passed else None
-    return Variant(name, relative(dst, out), build_seconds=build_s, prove_seconds=prove_s,
-                   details=outcome.details, batch_invariant=invariant, **file_facts(dst), **proof.variant_fields())
+    # a file run with other provider options: its batch invariance is the file's, checked where it was built
+    invariant = _batch_invariance(ctx, name, dst) if proof.passed and outcome.path is None else None
+    return Variant(name, relative(file, out), build_seconds=build_s, prove_seconds=prove_s,
+                   details=outcome.details, batch_invariant=invariant,
+                   session_options=outcome.session_options or base_options(ctx.device),
+                   **file_facts(file), **proof.variant_fields())
 
 
 def _batch_invariance(ctx: BuildContext, name: str, path: Path) -> dict | None:
@@ -271,10 +328,15 @@ def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path, *
     export size): int8 and fusions pay off differently at 16 and at 128 tokens, so time at your traffic's length.
     ``samples``: the user's samples with PyTorch's outputs (``prove.samples.references``): static int8 calibrates
     on them, and every variant is judged on them too (one that fails there is rejected).
+    ``device`` "cuda": the variants are proven and timed on the GPU providers (IO binding), the GPU variants
+    (tf32, tensorrt, cuda-graph; optimize/gpu.py) can be built, and each variant records the session options
+    it needs (``Variant.session_options``; the best's go to report.json ``best.session_options``).
     """
     say = progress or noop
     t_start = time.perf_counter()
     wanted = parse_names(names)
+    if device == "cuda" and names in (None, "all", ["all"]):
+        wanted = list(ALL_VARIANTS)
     plan = (default_plan(loaded, device, environment.cpu()["flags"], calibrated=samples is not None) if wanted == AUTO
             else Plan(tuple(wanted)))
     model_path, out = Path(model_path), Path(out_dir)
@@ -283,37 +345,44 @@ def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path, *
     if not plan.build:  # nothing can win here: no proof or timing to spend, the export is the model to deploy
         say("no variant to build for this model on this device (--variants all builds every one)")
         skipped = tuple(Variant(n, None, False, reason=plan.skipped[n], skipped=plan.skipped[n])
-                        for n in VARIANTS if n in plan.skipped)
+                        for n in ALL_VARIANTS if n in plan.skipped)
         return OptimizeResult(skipped, None, None, default_threads(), timed_at=sizes_at(loaded, bench_seq))
     vdir = out / "variants"
     vdir.mkdir(parents=True, exist_ok=True)
     refs = reference_outputs(loaded, cases if cases is not None else validation_cases(loaded.dims))
     deadline = None if budget_s is None else t_start + budget_s
-    ctx = BuildContext(loaded, tolerance, refs, transformer_params(loaded), say, deadline=deadline, samples=samples)
+    timed_at = sizes_at(loaded, bench_seq)
+    ctx = BuildContext(loaded, tolerance, refs, transformer_params(loaded), say, deadline=deadline, samples=samples,
+                       device=device, out=out, timed_at=timed_at)
     threads = default_threads()
+    options: dict[str, dict] = {}
+    timing = _Timing(loaded, bench_batches, bench_seq, bench_seconds, threads, options, out, device)
     entries = [_baseline(model_path, out, ctx)]
-    entries += _build_all(plan, model_path, vdir, out, ctx, t_start)
+    files = {BASELINE: model_path}
+    entries += _build_all(plan, model_path, vdir, out, ctx, t_start, files, timing)
+    options.update({e.name: e.session_options for e in entries if e.session_options is not None})
 
     say("timing the variants against the plain export")
-    timing = _Timing(loaded, bench_batches, bench_seq, bench_seconds, threads)
-    timed = {BASELINE: model_path, **{e.name: vdir / f"{e.name}.onnx" for e in entries[1:] if e.path}}
+    timed = {e.name: files[e.name] for e in entries if e.name in files}
     final, best = _confirm(_timed(entries, *_latencies(timed, timing), timing.first_key), timed, timing, say)
     best_path = None
     if best is not None:
         best_path = out / "best.onnx"
         replace_model(timed[best.name], best_path)
-    return OptimizeResult(tuple(final), best, best_path, threads, timed_at=sizes_at(loaded, bench_seq))
+    return OptimizeResult(tuple(final), best, best_path, threads, timed_at=timed_at)
 
 
 def _build_all(plan: Plan, model_path: Path, vdir: Path, out: Path, ctx: BuildContext,
-               t_start: float) -> list[Variant]:
-    """Every variant in :data:`VARIANTS` order: built and proven when the plan says so and the budget allows,
-    else listed as skipped with the reason. The progress line says which, and about how long is left."""
+               t_start: float, files: dict[str, Path], timing: _Timing) -> list[Variant]:
+    """Every variant in :data:`ALL_VARIANTS` order: built and proven when the plan says so and the budget allows,
+    else listed as skipped with the reason. The progress line says which, and about how long is left.
+    ``files`` gets the file each built variant runs (a GPU variant may run one built before)."""
     entries: list[Variant] = []
     built: dict[str, Path] = {}
-    todo = [n for n in VARIANTS if n in plan.build] + [n for n in plan.build if n not in VARIANTS]
+    passed: dict[str, Path] = {}
+    todo = [n for n in ALL_VARIANTS if n in plan.build] + [n for n in plan.build if n not in ALL_VARIANTS]
     spent: list[float] = []
-    for name in [n for n in VARIANTS if n in plan.build or n in plan.skipped]:
+    for name in [n for n in ALL_VARIANTS if n in plan.build or n in plan.skipped]:
         if name in plan.skipped:
             entries.append(Variant(name, None, False, reason=plan.skipped[name], skipped=plan.skipped[name]))
             continue
@@ -326,9 +395,15 @@ def _build_all(plan: Plan, model_path: Path, vdir: Path, out: Path, ctx: BuildCo
         prefix = f"[{len(spent) + 1}/{len(todo)}{eta}] "
         step = replace(ctx, progress=lambda message, prefix=prefix: ctx.progress(prefix + message))
         t0 = time.perf_counter()
-        entry = _variant(name, model_path, vdir / f"{name}.onnx", out, step, built)
+        timing.options.update({e.name: e.session_options for e in entries if e.session_options is not None})
+        entry = _variant(name, model_path, vdir / f"{name}.onnx", out, step, built, passed, timing)
         spent.append(time.perf_counter() - t0)
         entries.append(entry)
         if entry.path:
-            built[name] = vdir / f"{name}.onnx"
+            inside = out / entry.path  # relative() names a file in OUT relative to it, any other as given
+            files[name] = inside if inside.exists() else Path(entry.path)
+            if not entry.session_options or entry.session_options == base_options(ctx.device):
+                built[name] = files[name]
+                if entry.passed:
+                    passed[name] = files[name]
     return entries

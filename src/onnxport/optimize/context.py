@@ -71,6 +71,9 @@ class BuildContext:
     progress: Progress = noop
     deadline: float | None = None  # time.perf_counter() after which no search goes on (--budget)
     samples: SampleRefs | None = None  # the user's --samples with PyTorch's outputs: calibration and judging
+    device: str = "cpu"  # where the variants run: "cuda" builds for and proves on the GPU providers
+    out: Path | None = None  # OUT (TensorRT's engine and timing caches go under it)
+    timed_at: dict | None = None  # the dim sizes the variants are timed at (TensorRT's opt profile shapes)
 
     @property
     def judged(self) -> Refs | None:
@@ -82,11 +85,15 @@ class BuildContext:
 class BuildOutcome:
     """What a builder found: the report ``details`` and, when the builder already proved ``dst`` against
     PyTorch (int8 with its sensitivity search), that proof and the seconds it took (counted as proving
-    time, not building time)."""
+    time, not building time). A variant that runs an existing file with other provider options gives that
+    ``path``, its ``session_options`` and the ``policy`` it is proven under."""
 
     details: dict
     proof: Proof | None = None
     prove_seconds: float = 0.0
+    path: Path | None = None  # the file the variant runs when it is not ``dst`` (a session-option variant)
+    session_options: dict | None = None  # how it must be run (optimize/gpu.py); None: the device's defaults
+    policy: str | None = None  # the tolerance policy's variant name when not its own (cuda-graph: its base's)
 
 
 Builder = Callable[[Path, Path, BuildContext], BuildOutcome]

@@ -1,7 +1,10 @@
 """The tolerance policy (docs/architecture.md, "Policies"), the task metrics, and the proof of one variant against PyTorch.
 
 * fp32-graph variants (``slim``, ``ort``, ``fused``): elementwise with the fp32 tolerance;
-* ``fp16``: elementwise with atol/rtol 1e-2 *and* the task metric;
+* ``fp16`` (and ``tensorrt``, which lets TensorRT run layers in fp16): elementwise with atol/rtol 1e-2 *and*
+  the task metric;
+* ``tf32`` (fp32 MatMul/Conv on a 10-bit mantissa): elementwise with the TF32 tolerance (core/records.py) *and*
+  the task metric;
 * ``int8`` (and ``fused+int8``): the task metric only — cosine similarity of the outputs (of the mean-pooled
   sentence embedding for Hugging Face encoders with ``last_hidden_state`` and an ``attention_mask``), plus
   top-1 agreement for classifiers (a 2-D logits output with more than one class).
@@ -15,13 +18,14 @@ elementwise policies still hold on them. The generated cases' metric stays in th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from onnxport.core.errors import UsageError
-from onnxport.core.records import FP16, Failure, ParityResult, Tolerance, finite
+from onnxport.core.records import FP16, TF32, Failure, ParityResult, Tolerance, finite
 from onnxport.optimize.context import Refs
 from onnxport.optimize.graph import short_error
 from onnxport.optimize.result import COSINE_MIN, TOP1_MIN, Metric, Proof
@@ -108,8 +112,10 @@ def tolerance_policy(name: str, tolerance: Tolerance) -> tuple[Tolerance, bool, 
     """(elementwise tolerance, elementwise decides, metric decides) for a variant name."""
     if "int8" in name:
         return tolerance, False, True
-    if "fp16" in name:
+    if "fp16" in name or name == "tensorrt":
         return Tolerance(max(tolerance.atol, FP16.atol), max(tolerance.rtol, FP16.rtol)), True, True
+    if name == "tf32":
+        return Tolerance(max(tolerance.atol, TF32.atol), max(tolerance.rtol, TF32.rtol)), True, True
     return tolerance, True, False
 
 
@@ -172,13 +178,14 @@ def judge_samples(loaded: LoadedModel, name: str, sess, samples: SampleRefs,
 
 
 def prove(loaded: LoadedModel, name: str, path: Path, refs: Refs, tolerance: Tolerance,
-          samples: SampleRefs | None = None) -> Proof:
+          samples: SampleRefs | None = None, opener: Callable[[Path], Any] | None = None) -> Proof:
     """Parity of ``path`` against PyTorch with the policy for ``name`` on the generated cases and, when given, on
     the user's ``samples`` (where the task metric is then judged: see the module docstring); a failure on the
-    generated cases carries its divergence."""
+    generated cases carries its divergence. ``opener``: how the session is opened (a variant's provider options,
+    optimize/gpu.py), default: the configured device's."""
     tol, by_elements, by_metric = tolerance_policy(name, tolerance)
     try:
-        sess = session(path)
+        sess = opener(path) if opener is not None else session(path)
     except UsageError as e:
         return Proof(passed=False, reason=e.message, tolerance=tol.to_dict())
     result: ParityResult = compare(loaded, path, cases=list(refs.cases), tolerance=tol, sess=sess)

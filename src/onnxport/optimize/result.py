@@ -13,6 +13,8 @@ from typing import Any
 from onnxport.core.errors import UsageError
 
 VARIANTS = ("slim", "ort", "fused", "fp16", "int8", "fused+int8")
+GPU_VARIANTS = ("tf32", "tensorrt", "cuda-graph")  # --device cuda only: a file run with other provider options
+ALL_VARIANTS = VARIANTS + GPU_VARIANTS
 BASELINE = "export"
 COSINE_MIN = 0.99
 TOP1_MIN = 0.95
@@ -23,10 +25,11 @@ AUTO = "auto"  # the variants that can win for the model on the device (optimize
 
 
 def parse_names(names: Sequence[str] | str | None) -> list[str] | str:
-    """The variant names asked for (a list or a comma-separated string; None or "all": every one),
-    deduplicated in order; "auto": :data:`AUTO`, the plan decides.
+    """The variant names asked for (a list or a comma-separated string; None or "all": every one of
+    :data:`VARIANTS`, and on ``--device cuda`` the :data:`GPU_VARIANTS` too), deduplicated in order; "auto":
+    :data:`AUTO`, the plan decides.
 
-    Raises UsageError for a name not in :data:`VARIANTS`.
+    Raises UsageError for a name not in :data:`ALL_VARIANTS`.
     """
     if names is None or names == "all" or names == ["all"]:
         return list(VARIANTS)
@@ -35,10 +38,10 @@ def parse_names(names: Sequence[str] | str | None) -> list[str] | str:
     if isinstance(names, str):
         names = list(names.split(","))
     out = [n.strip() for n in names if n.strip()]
-    unknown = [n for n in out if n not in VARIANTS]
+    unknown = [n for n in out if n not in ALL_VARIANTS]
     if unknown:
         raise UsageError(f"unknown variant(s): {', '.join(unknown)}",
-                         f"choose from {', '.join(VARIANTS)}, or 'all', or 'auto'")
+                         f"choose from {', '.join(ALL_VARIANTS)}, or 'all', or 'auto'")
     return list(dict.fromkeys(out))
 
 
@@ -101,6 +104,7 @@ class Variant:
     details: dict = field(default_factory=dict)
     batch_invariant: dict | None = None  # prove.batching: each row alone == inside a batch
     samples: dict | None = None  # judged on the user's --samples too (metrics, failing samples)
+    session_options: dict | None = None  # how the file must be run: provider and its options (optimize/gpu.py)
 
     def to_dict(self) -> dict:
         """The report.json ``variants[]`` entry."""
@@ -112,7 +116,8 @@ class Variant:
                 "prove_seconds": round(self.prove_seconds, 3), "tolerance": self.tolerance,
                 "divergence": self.divergence, "details": self.details,
                 **({"batch_invariant": self.batch_invariant} if self.batch_invariant is not None else {}),
-                **({"samples": self.samples} if self.samples is not None else {})}
+                **({"samples": self.samples} if self.samples is not None else {}),
+                **({"session_options": self.session_options} if self.session_options is not None else {})}
 
 
 @dataclass(frozen=True)

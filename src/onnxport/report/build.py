@@ -133,7 +133,8 @@ def build_report(o: Outcome) -> dict:
     if o.optimized is not None:
         best = o.optimized.best
         rep["best"] = None if best is None else {"name": best.name, "path": "best.onnx", "speedup": best.speedup,
-                                                 "timed_at": o.optimized.timed_at}
+                                                 "timed_at": o.optimized.timed_at,
+                                                 "session_options": dict(best.session_options or {})}
     if o.decoder is not None:
         rep["decoder"] = o.decoder
     if o.log:

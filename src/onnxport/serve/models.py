@@ -88,6 +88,7 @@ class ModelSource:
     session_options: dict = field(default_factory=dict)  # keyword arguments for runtime.session()
     batching_off: str | None = None  # why this model is served unbatched whatever --max-batch says
     decoder_layout: dict | None = None  # report.json's decoder.layout, for a decoder exported with its cache
+    proven_options: dict | None = None  # report.json's best.session_options: how best.onnx was proven (TF32, TensorRT)
 
 
 def _model_name(raw: str) -> str:
@@ -126,7 +127,7 @@ def session_options_from_tuned(tuned: Any) -> dict:
 
 def _from_output_folder(out: Path) -> ModelSource:
     onnx_path = out / "best.onnx" if (out / "best.onnx").is_file() else out / "model.onnx"
-    name, options, layout = out.resolve().name, {}, None  # named after the folder: `serve out/minilm` is "minilm"
+    name, options, layout, proven = out.resolve().name, {}, None, None  # named after the folder: `serve out/minilm` is "minilm"
     report_path = out / "report.json"
     if report_path.is_file():
         try:
@@ -138,10 +139,13 @@ def _from_output_folder(out: Path) -> ModelSource:
             options = session_options_from_tuned(bench.get("tuned"))
         decoder = report.get("decoder") if isinstance(report, dict) else None
         layout = decoder.get("layout") if isinstance(decoder, dict) else None
+        best = report.get("best") if isinstance(report, dict) else None
+        proven = best.get("session_options") if isinstance(best, dict) and onnx_path.name == "best.onnx" else None
     note = _not_batch_invariant(report if report_path.is_file() else None, onnx_path.name)
     return ModelSource(_model_name(name), "1", onnx_path, session_options=options,
                        max_batch=1 if note else None, batching_off=note,
-                       decoder_layout=layout if isinstance(layout, dict) else None)
+                       decoder_layout=layout if isinstance(layout, dict) else None,
+                       proven_options=proven if isinstance(proven, dict) and proven else None)
 
 
 def _not_batch_invariant(report: Any, served: str) -> str | None:

@@ -18,6 +18,9 @@ class _Enum(str):
 
 
 _MAPS = {"parameters", "inputs"}  # map<string, message> fields in ModelConfig
+_TRT_DEFAULT = {"name": "tensorrt", "parameters": {"precision_mode": "FP16", "max_workspace_size_bytes": "1073741824",
+                                                   "trt_engine_cache_enable": "1"}}
+_TRT_KEYS = ("trt_profile_min_shapes", "trt_profile_opt_shapes", "trt_profile_max_shapes", "trt_timing_cache_enable")
 
 
 
@@ -40,14 +43,44 @@ def _tensor(spec: TensorSpec, batched: bool) -> dict:
     return entry
 
 
+def _on(value: object) -> bool:
+    return str(value).lower() in ("1", "true")
+
+
+def gpu_accelerators(variant_options: dict | None) -> list[dict]:
+    """Triton onnxruntime backend ``gpu_execution_accelerator`` entries reproducing the best variant's session
+    options (report ``best.session_options``): TensorRT with fp16 and its profile shapes when the best ran
+    under TensorRT; the CUDA provider's ``use_tf32`` (off unless the best is ``tf32``: onnxport proves fp32
+    with it off) and ``enable_cuda_graph``. Without recorded GPU options: TensorRT in FP16 (not proven)."""
+    options = variant_options or {}
+    provider = options.get("provider")
+    if provider not in ("CUDAExecutionProvider", "TensorrtExecutionProvider"):
+        return [_TRT_DEFAULT]
+    accel = []
+    if provider == "TensorrtExecutionProvider":
+        params = {"precision_mode": "FP16" if _on(options.get("trt_fp16_enable")) else "FP32",
+                  "max_workspace_size_bytes": str(options.get("trt_max_workspace_size", 1073741824)),
+                  "trt_engine_cache_enable": "1"}
+        params.update({k: str(options[k]) if not isinstance(options[k], bool) else str(int(options[k]))
+                       for k in _TRT_KEYS if k in options})
+        accel.append({"name": "tensorrt", "parameters": params})
+    cuda = {"use_tf32": "1" if _on(options.get("use_tf32")) else "0"}
+    if _on(options.get("enable_cuda_graph")):
+        cuda["enable_cuda_graph"] = "1"
+    accel.append({"name": "cuda", "parameters": cuda})
+    return accel
+
+
 def model_config(sig: Signature, name: str, *, max_batch: int = DEFAULT_MAX_BATCH,
                  max_delay_us: int = int(DEFAULT_MAX_DELAY_MS * 1000), instance_count: int = 1,
                  gpu: bool = False, session_options: dict | None = None,
-                 warmup_sizes: dict[str, int] | None = None) -> dict:
+                 warmup_sizes: dict[str, int] | None = None, variant_options: dict | None = None) -> dict:
     """Triton's model configuration for ``sig`` as a dict (Triton's JSON form of ``ModelConfig``).
 
     ``max_batch`` is the Triton ``max_batch_size``; it becomes 0 (no batch dim) for models whose first dim
     is not dynamic. ``warmup_sizes`` gives sizes for dynamic non-batch dims by symbol (default 1).
+    ``variant_options``: the best variant's session options (report ``best.session_options``), reproduced on
+    a GPU (:func:`gpu_accelerators`); a CUDA graph replays the shapes it captured, so dynamic batching is off.
     """
     batch = max_batch if (sig.batchable and max_batch > 0) else 0
     options = session_options or {}
@@ -57,7 +90,8 @@ def model_config(sig: Signature, name: str, *, max_batch: int = DEFAULT_MAX_BATC
         "input": [_tensor(t, batch > 0) for t in sig.inputs],
         "output": [_tensor(t, batch > 0) for t in sig.outputs],
     }
-    if batch > 1:
+    graph = gpu and _on((variant_options or {}).get("enable_cuda_graph"))
+    if batch > 1 and not graph:
         preferred = [b for b in (2, 4, 8, 16, 32, 64, 128, 256) if b <= batch][-2:]
         config["dynamic_batching"] = {"preferred_batch_size": preferred, "max_queue_delay_microseconds": max_delay_us}
     config["instance_group"] = [{"count": instance_count, "kind": _Enum("KIND_GPU" if gpu else "KIND_CPU")}]
@@ -67,10 +101,8 @@ def model_config(sig: Signature, name: str, *, max_batch: int = DEFAULT_MAX_BATC
         params["execution_mode"] = 1 if options["execution_mode"] == "parallel" else 0
     config["parameters"] = {k: {"string_value": str(v)} for k, v in params.items()}
     if gpu:
-        config["optimization"] = {"execution_accelerators": {"gpu_execution_accelerator": [{
-            "name": "tensorrt",
-            "parameters": {"precision_mode": "FP16", "max_workspace_size_bytes": "1073741824",
-                           "trt_engine_cache_enable": "1"}}]}}
+        config["optimization"] = {"execution_accelerators": {
+            "gpu_execution_accelerator": gpu_accelerators(variant_options)}}
     warm_inputs = {}
     for t in sig.inputs:
         dims = [d if isinstance(d, int) and d >= 0 else (warmup_sizes or {}).get(str(d), 1)
@@ -121,6 +153,10 @@ def config_pbtxt(config: dict) -> str:
     text = _pbtxt(body)
     notes = ["# Triton Inference Server model configuration written by onnxport.",
              "# Dims are per request row when max_batch_size > 0; -1 marks a dynamic dim."]
+    if any("enable_cuda_graph" in line for line in text):
+        notes += ["# enable_cuda_graph: ONNX Runtime captures one CUDA graph per session at the first input shapes",
+                  "# it runs and replays it: send requests of those shapes only (dynamic batching is off), or",
+                  "# remove the parameter for dynamic shapes."]
     if not any("KIND_GPU" in line for line in text):
         text += ["", "# On a GPU, replace instance_group above with:",
                  "# instance_group { count: 1 kind: KIND_GPU }",
