@@ -140,6 +140,8 @@ def triton_repository(out_or_onnx: str | Path, repo_dir: str | Path, *, name: st
             target = tmp / "1" / data.relative_to(onnx_path.parent)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(data, target)
+        if (onnx_path.parent / "tokenizer").is_dir():  # a decoder's: serve's generate takes text with it
+            shutil.copytree(onnx_path.parent / "tokenizer", tmp / "1" / "tokenizer")
         (tmp / "config.pbtxt").write_text(config_pbtxt(config), encoding="utf-8")
         (tmp / "inferenceservice.yaml").write_text(inference_service(name, gpu=gpu), encoding="utf-8")
         if model_dir.exists():

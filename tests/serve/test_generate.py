@@ -307,3 +307,15 @@ def test_concurrent_requests_and_a_client_that_leaves(server, llm):
     for ids, got in zip(prompts, answers):
         assert got == greedy(llm["sess"], llm["layout"], np.array([ids]), np.ones((1, len(ids)), np.int64),
                              12)[0].tolist()
+
+
+def test_triton_repository_of_a_decoder_keeps_its_tokenizer(llm, tmp_path):
+    """`onnxport triton OUT/ --repo R` copies tokenizer/ into R/<name>/1/, and `serve R/` answers text with it."""
+    from onnxport.deploy import triton_repository
+
+    made = triton_repository(llm["out"], tmp_path / "repo")
+    assert (made.model_dir / "1" / "tokenizer" / "tokenizer.json").is_file()
+    with running(serve_app(tmp_path / "repo", max_body_bytes=MAX_BODY)) as url:
+        answer = _generate(url, {"text_input": PROMPT, "parameters": {"max_tokens": 6, "ignore_eos": True}},
+                           model=made.name)
+    assert answer["output_ids"] == llm["greedy"][:6] and answer["text_output"]
