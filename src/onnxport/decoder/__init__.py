@@ -11,9 +11,12 @@ from onnxport.decoder.records import (
     DecoderExport,
     DecoderOutcome,
     DecoderProof,
+    DecoderVariant,
+    DecoderVariants,
     GenerationCheck,
     StepCase,
 )
+from onnxport.decoder.variants import VARIANT_NAMES, decode_speed, optimize_decoder
 
 __all__ = [
     "CACHE_TASKS",
@@ -24,11 +27,16 @@ __all__ = [
     "DecoderOutcome",
     "DecoderProof",
     "GenerationCheck",
+    "DecoderVariant",
+    "DecoderVariants",
     "StepCase",
+    "VARIANT_NAMES",
     "cache_layout",
+    "decode_speed",
     "export_decoder",
     "greedy",
     "is_causal_lm",
+    "optimize_decoder",
     "prove_decoder",
     "run",
     "run_model",

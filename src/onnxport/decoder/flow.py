@@ -17,6 +17,7 @@ from onnxport.decoder.export import export_decoder
 from onnxport.decoder.layout import architectures, cache_layout, is_causal_lm
 from onnxport.decoder.prove import NEW_TOKENS, prove_decoder
 from onnxport.decoder.records import DecoderOutcome
+from onnxport.decoder.variants import optimize_decoder
 
 MAX_LENGTH = 128
 
@@ -34,7 +35,7 @@ def wants_cache(source: str, task: str | None) -> bool:
 
 def run(model_dir: str | Path, out: str | Path, *, max_length: int = MAX_LENGTH, opset: int | None = None,
         tolerance: Tolerance = FP32, new_tokens: int = NEW_TOKENS, trust_remote_code: bool = False,
-        progress: Progress = noop) -> DecoderOutcome:
+        variants: bool = False, progress: Progress = noop) -> DecoderOutcome:
     """Load the causal LM in ``model_dir`` (local only, as ``hf:DIR``) and hand it to :func:`run_model`."""
     from onnxport.sources.hf import load_hf
 
@@ -45,16 +46,17 @@ def run(model_dir: str | Path, out: str | Path, *, max_length: int = MAX_LENGTH,
     progress(f"loading {model_dir}")
     loaded = load_hf(f"hf:{model_dir}", [], [], task="text-generation", trust_remote_code=trust_remote_code)
     return run_model(loaded.model, out, max_length=max_length, opset=opset, tolerance=tolerance,
-                     new_tokens=new_tokens, progress=progress)
+                     new_tokens=new_tokens, variants=variants, progress=progress)
 
 
 def run_model(model: nn.Module, out: str | Path, *, max_length: int = MAX_LENGTH, opset: int | None = None,
-              tolerance: Tolerance = FP32, new_tokens: int = NEW_TOKENS,
+              tolerance: Tolerance = FP32, new_tokens: int = NEW_TOKENS, variants: bool = False,
               progress: Progress = noop) -> DecoderOutcome:
     """Export ``model`` (a transformers causal LM in eval mode) with its cache into ``out`` and prove it: step
     cases against PyTorch and greedy generation against ``model.generate``. ``out/model.onnx`` is written only
     when every check passes, else ``out/model.unverified.onnx``. A model without a standard cache, or a
-    ``max_length`` it cannot take, is a UsageError before anything is exported."""
+    ``max_length`` it cannot take, is a UsageError before anything is exported. With ``variants`` a proven
+    export gets its optimized variants in ``out/variants/`` (:func:`optimize_decoder`)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.eval()
@@ -73,4 +75,7 @@ def run_model(model: nn.Module, out: str | Path, *, max_length: int = MAX_LENGTH
             for leftover in (out / stale, out / (stale + ".data")):
                 leftover.unlink(missing_ok=True)
         move_model(made.path, final)
-    return DecoderOutcome(final, layout, dataclasses.replace(made, path=final), proof)
+    built = None
+    if variants and proof.passed:
+        built = optimize_decoder(model, layout, final, out, tolerance=tolerance, progress=progress)
+    return DecoderOutcome(final, layout, dataclasses.replace(made, path=final), proof, built)

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from onnxport.core.diagnostics import Diagnostic, error, info
 from onnxport.core.records import Attempt, CaseResult, ExportResult, Failure, ParityResult
-from onnxport.decoder.records import DecoderOutcome, StepCase
+from onnxport.decoder.records import DecoderOutcome, DecoderVariants, StepCase
 from onnxport.prove.check import check
 from onnxport.report.build import Outcome
 from onnxport.sources.base import LoadedModel
@@ -50,7 +50,21 @@ def diagnostics(dec: DecoderOutcome) -> list[Diagnostic]:
     if dec.proof.passed:
         agree = ", ".join(f"{g.name} {sum(g.agreement)}/{g.new_tokens}" for g in dec.proof.generations)
         out.append(info("generation-proven", f"greedy generation equals model.generate token for token ({agree})"))
+    if dec.variants is not None:
+        out.append(_variants_info(dec.variants))
     return out
+
+
+def _variants_info(made: DecoderVariants) -> Diagnostic:
+    best, base = made.best, made.get("export")
+    failed = ", ".join(f"{v.name} ({v.error})" for v in made.variants if not v.passed)
+    rest = f"; not kept: {failed}" if failed else ""
+    if best is None or base is None or not base.decode_tok_s:
+        return info("decoder-variants", f"no decoder variant could be timed{rest}")
+    speedup = made.speedup or 1.0
+    return info("decoder-variant-best",
+                f"fastest proven variant: {best.name} at {best.decode_tok_s:.1f} tokens/s decode at batch 1, "
+                f"{speedup:.2f}x the export's {base.decode_tok_s:.1f} ({best.path.name if best.path else ''}){rest}")
 
 
 def to_outcome(dec: DecoderOutcome, loaded: LoadedModel, command: str | None, diags: list[Diagnostic],

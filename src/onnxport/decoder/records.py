@@ -116,6 +116,75 @@ class DecoderProof:
                 "cases": [c.to_dict() for c in self.cases], "generations": [g.to_dict() for g in self.generations]}
 
 
+def _round(x: float | None, digits: int = 4) -> float | None:
+    return None if x is None else round(float(x), digits)
+
+
+@dataclass(frozen=True)
+class DecoderVariant:
+    """One optimized file of a proven decoder, re-proven against PyTorch and timed. ``cosine``: the lowest logit
+    cosine over the step cases; ``top1``: teacher-forced top-1 agreement (PyTorch's greedy tokens fed, the
+    variant's argmax compared per step); ``greedy_steps``: its own greedy tokens equal to PyTorch's before the
+    first difference (information only); ``decode_tok_s``: tokens per second at batch 1 after the prompt."""
+
+    name: str
+    path: Path | None
+    size_bytes: int | None = None
+    fused_ops: tuple[tuple[str, int], ...] = ()  # op type (domain-prefixed when not ONNX) -> count
+    max_abs_err: float | None = None  # logits and presents, over the step cases
+    strict: bool | None = None  # within the fp32 tolerance on every step case
+    cosine: float | None = None
+    top1: float | None = None
+    greedy_steps: int | None = None
+    greedy_tokens: int | None = None
+    decode_tok_s: float | None = None
+    prompt_ms: float | None = None
+    passed: bool = False
+    error: str | None = None
+    notes: tuple[str, ...] = ()  # how it was built, and the routes that matched nothing
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "path": None if self.path is None else str(self.path),
+                "size_bytes": self.size_bytes, "fused_ops": dict(self.fused_ops),
+                "max_abs_err": _round(self.max_abs_err, 8), "strict": self.strict, "cosine": _round(self.cosine, 6),
+                "top1_agreement": _round(self.top1), "greedy_steps_agreeing": self.greedy_steps,
+                "greedy_tokens": self.greedy_tokens, "decode_tok_s": _round(self.decode_tok_s, 2),
+                "prompt_ms": _round(self.prompt_ms, 3), "passed": self.passed, "error": self.error,
+                "notes": list(self.notes)}
+
+
+@dataclass(frozen=True)
+class DecoderVariants:
+    """Every variant tried (built or not), the thresholds it was judged by and the fastest passing one."""
+
+    variants: tuple[DecoderVariant, ...]
+    cosine_min: float
+    top1_min: float
+    threads: int | None = None
+
+    @property
+    def best(self) -> DecoderVariant | None:
+        passing = [v for v in self.variants if v.passed and v.decode_tok_s]
+        return max(passing, key=lambda v: v.decode_tok_s, default=None)
+
+    def get(self, name: str) -> DecoderVariant | None:
+        return next((v for v in self.variants if v.name == name), None)
+
+    @property
+    def speedup(self) -> float | None:
+        """The best variant's decode tokens/s over the export's."""
+        best, base = self.best, self.get("export")
+        if best is None or base is None or not base.decode_tok_s:
+            return None
+        return best.decode_tok_s / base.decode_tok_s
+
+    def to_dict(self) -> dict:
+        best = self.best
+        return {"best": None if best is None else best.name, "speedup_vs_export": _round(self.speedup, 3),
+                "cosine_min": self.cosine_min, "top1_min": self.top1_min, "threads": self.threads,
+                "variants": [v.to_dict() for v in self.variants]}
+
+
 @dataclass(frozen=True)
 class DecoderOutcome:
     """What :func:`onnxport.decoder.run` did: ``path`` is ``model.onnx`` when proven, else
@@ -125,6 +194,7 @@ class DecoderOutcome:
     layout: CacheLayout
     export: DecoderExport
     proof: DecoderProof
+    variants: DecoderVariants | None = None  # built only when asked for and the proof passed
 
     @property
     def passed(self) -> bool:
@@ -132,4 +202,5 @@ class DecoderOutcome:
 
     def to_dict(self) -> dict:
         return {"path": str(self.path), "passed": self.passed, "layout": self.layout.to_dict(),
-                "export": self.export.to_dict(), "proof": self.proof.to_dict()}
+                "export": self.export.to_dict(), "proof": self.proof.to_dict(),
+                "variants": None if self.variants is None else self.variants.to_dict()}

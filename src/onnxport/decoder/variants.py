@@ -1,0 +1,468 @@
+"""Optimized variants of a proven decoder file: ``export`` (the file itself), ``fused`` (graph fusions) and
+``int8`` / ``int4`` (weight-only MatMulNBits), each re-proven against PyTorch and timed; the best is the
+fastest passing one.
+
+fp32 variants must stay within the proof's fp32 tolerance on every step case. Quantized ones are judged by the
+lowest logit cosine over the step cases and by teacher-forced top-1 agreement (PyTorch's greedy tokens fed in,
+the variant's argmax compared at each step): random-weight models have flat logits, so asking for equal greedy
+tokens would judge noise. Greedy agreement (steps before the first difference) is recorded for information."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from torch import nn
+
+from onnxport.core.errors import UsageError
+from onnxport.core.logs import Progress, captured_output, noop
+from onnxport.core.onnxfile import file_bytes, inline_limit, move_model, save_model
+from onnxport.core.records import FP32, Tolerance
+from onnxport.decoder.layout import CachedDecoder, step_inputs
+from onnxport.decoder.prove import greedy, step_matrix
+from onnxport.decoder.records import CacheLayout, DecoderVariant, DecoderVariants
+from onnxport.optimize.graph import short_error
+from onnxport.runtime.sessions import CPU, session
+
+VARIANT_NAMES = ("export", "fused", "int8", "int4")
+FP32_VARIANTS = ("export", "fused")
+COSINE_MIN = 0.99  # lowest logit cosine over the step cases
+TOP1_MIN = 0.9  # teacher-forced top-1 agreement
+BLOCK_SIZE = 32  # MatMulNBits block (symmetric)
+ACCURACY_LEVEL = 4  # MatMulNBits computes with int8 activations: the fast CPU kernels
+JUDGE_TOKENS = 16
+SPEED_PROMPT = 8
+SPEED_TOKENS = 16
+REPEATS = 3
+# op types a fusion or quantization leaves (the dynamo exporter already writes the ONNX ones at opset 23)
+FUSED_ONNX_OPS = frozenset({"Attention", "RotaryEmbedding", "RMSNormalization", "LayerNormalization"})
+# onnxruntime.transformers.optimizer model types by Hugging Face model_type; others try "gpt2" (a decoder)
+ORT_MODEL_TYPES = {"gpt2": "gpt2", "gpt_neox": "gpt_neox", "phi": "phi", "qwen3": "qwen3"}
+QUANT_LOGGER = "onnxruntime.quantization.matmul_nbits_quantizer"
+
+
+# --------------------------------------------------------------------------- references and judging
+
+
+@dataclass(frozen=True)
+class References:
+    """What PyTorch gives, computed once for every variant: the step cases (feeds, outputs) and greedy tokens
+    for two prompts."""
+
+    cases: tuple[tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]], ...]
+    prompts: np.ndarray  # [rows, prompt]
+    tokens: np.ndarray  # [rows, new]: PyTorch's greedy tokens
+
+
+def references(model: nn.Module, layout: CacheLayout, *, tokens: int = JUDGE_TOKENS, seed: int = 0) -> References:
+    """PyTorch's outputs on every :func:`step_matrix` case and its greedy tokens for two random prompts."""
+    wrapper = CachedDecoder(model, layout).eval()
+    cases = []
+    for i, (b, p, n) in enumerate(step_matrix(layout.max_length)):
+        feeds = step_inputs(layout, batch=b, past=p, new=n, seed=seed + i)
+        with torch.inference_mode():
+            want = tuple(t.float().numpy() for t in wrapper(*feeds))
+        cases.append((tuple(t.numpy() for t in feeds), want))
+    tokens = max(1, min(tokens, layout.max_length - 1))
+    prompt = max(1, min(SPEED_PROMPT, layout.max_length - tokens))
+    ids = torch.randint(0, max(layout.vocab, 1), (2, prompt), generator=torch.Generator().manual_seed(seed + 100))
+    return References(tuple(cases), ids.numpy(), torch_greedy(model, layout, ids, tokens))
+
+
+def torch_greedy(model: nn.Module, layout: CacheLayout, input_ids: torch.Tensor, new_tokens: int,
+                 seconds: list[float] | None = None) -> np.ndarray:
+    """PyTorch's greedy tokens [rows, new_tokens] by the same loop as :func:`greedy` (its DynamicCache kept, one
+    token per step), never stopping at an end-of-sequence token; each step's seconds go to ``seconds``."""
+    from transformers import DynamicCache
+
+    ids, cache, tokens = input_ids, DynamicCache(), []
+    mask = torch.ones_like(input_ids)
+    with torch.inference_mode():
+        for _ in range(new_tokens):
+            t0 = time.perf_counter()
+            extra = {"position_ids": mask.cumsum(-1)[:, -ids.shape[1]:] - 1} if layout.position_ids else {}
+            out = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True, **extra)
+            ids = out.logits[:, -1].argmax(-1, keepdim=True)
+            cache = out.past_key_values
+            tokens.append(ids)
+            if seconds is not None:
+                seconds.append(time.perf_counter() - t0)
+            mask = torch.cat([mask, torch.ones_like(ids)], dim=1)
+    return torch.cat(tokens, dim=1).numpy()
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    norm = float(np.linalg.norm(a) * np.linalg.norm(b))
+    return float(a @ b / norm) if norm else float(np.array_equal(a, b))
+
+
+def compare_cases(sess, layout: CacheLayout, refs: References, tolerance: Tolerance) -> tuple[float, bool, float]:
+    """(max abs err over logits and presents, every case within ``tolerance``, lowest logit cosine)."""
+    worst, strict, cosine = 0.0, True, 1.0
+    for feeds, want in refs.cases:
+        got = sess.run(list(layout.output_names), dict(zip(layout.input_names, feeds)))
+        for g, w in zip(got, want):
+            if g.shape != w.shape:
+                raise ValueError(f"shape {list(g.shape)} where PyTorch gives {list(w.shape)}")
+            diff = np.abs(g.astype(np.float64) - w)
+            worst = max(worst, float(diff.max(initial=0.0)))
+            strict = strict and bool(np.all(diff <= tolerance.atol + tolerance.rtol * np.abs(w)))
+        cosine = min(cosine, _cosine(got[0], want[0]))
+    return worst, strict, cosine
+
+
+def step_feeds(layout: CacheLayout, ids: np.ndarray, mask: np.ndarray, past: Sequence[np.ndarray]) -> dict:
+    """The feeds of one step, position ids from the mask's cumsum (as :func:`greedy` does)."""
+    feeds = {"input_ids": ids, "attention_mask": mask}
+    if layout.position_ids:
+        pos = np.cumsum(mask, -1) - 1
+        pos[mask == 0] = 1
+        feeds["position_ids"] = pos[:, -ids.shape[1]:]
+    feeds.update(zip(layout.input_names[len(feeds):], past))
+    return feeds
+
+
+def teacher_forced(sess, layout: CacheLayout, prompts: np.ndarray, tokens: np.ndarray) -> float:
+    """The share of steps whose argmax is the reference token when the reference tokens (not the variant's own)
+    are fed back, the presents kept as the cache."""
+    rows = prompts.shape[0]
+    ids, mask = prompts.astype(np.int64), np.ones(prompts.shape, np.int64)
+    past = [np.zeros((rows, layout.kv_heads, 0, layout.head_dim), np.float32) for _ in range(2 * layout.layers)]
+    hits = []
+    for t in range(tokens.shape[1]):
+        logits, *past = sess.run(list(layout.output_names), step_feeds(layout, ids, mask, past))
+        hits.append(logits[:, -1].argmax(-1) == tokens[:, t])
+        ids = tokens[:, t:t + 1].astype(np.int64)
+        mask = np.ones((rows, mask.shape[1] + 1), np.int64)
+    return float(np.mean(hits))
+
+
+def greedy_steps(sess, layout: CacheLayout, prompts: np.ndarray, tokens: np.ndarray) -> int:
+    """How many greedy steps of the variant (every row) equal PyTorch's before the first difference."""
+    got = greedy(sess, layout, prompts, np.ones(prompts.shape, np.int64), tokens.shape[1])
+    same = np.all(got == tokens, axis=0)
+    return int(same.argmin()) if not same.all() else int(same.size)
+
+
+def timed_greedy(sess, layout: CacheLayout, input_ids: np.ndarray, new_tokens: int) -> list[float]:
+    """The seconds of each step of :func:`greedy`'s loop (unpadded rows; step 0 is the prompt)."""
+    rows = input_ids.shape[0]
+    ids, mask = input_ids.astype(np.int64), np.ones(input_ids.shape, np.int64)
+    past = [np.zeros((rows, layout.kv_heads, 0, layout.head_dim), np.float32) for _ in range(2 * layout.layers)]
+    names, seconds = list(layout.output_names), []
+    for _ in range(new_tokens):
+        t0 = time.perf_counter()
+        logits, *past = sess.run(names, step_feeds(layout, ids, mask, past))
+        ids = logits[:, -1].argmax(-1).astype(np.int64)[:, None]
+        seconds.append(time.perf_counter() - t0)
+        mask = np.ones((rows, mask.shape[1] + 1), np.int64)
+    return seconds
+
+
+def speed(run: Callable[[int], list[float]], batch: int, tokens: int, repeats: int) -> tuple[float, float]:
+    """(prompt seconds, decode tokens/s) from ``run(n)``, which returns the seconds of each of n greedy steps:
+    the fastest prompt step and the median decode step over ``repeats`` runs after a warm-up (the median, so a
+    machine shared with other work does not decide); tokens/s counts every row."""
+    run(2)  # warm-up: allocations, kernels chosen
+    runs = [run(1 + tokens) for _ in range(repeats)]
+    step = float(np.median([t for r in runs for t in r[1:]])) if tokens else float("nan")
+    return min(r[0] for r in runs), batch / max(step, 1e-9)
+
+
+def decode_speed(sess, layout: CacheLayout, *, batch: int = 1, prompt: int = SPEED_PROMPT,
+                 tokens: int = SPEED_TOKENS, repeats: int = REPEATS, seed: int = 0) -> tuple[float, float]:
+    """(prompt seconds, decode tokens/s) of the greedy loop on ``batch`` rows of a random ``prompt``-token
+    prompt, then ``tokens`` new ones (see :func:`speed`)."""
+    ids = np.random.default_rng(seed).integers(0, max(layout.vocab, 1), (batch, prompt), dtype=np.int64)
+    return speed(lambda n: timed_greedy(sess, layout, ids, n), batch, tokens, repeats)
+
+
+# --------------------------------------------------------------------------- building
+
+
+class NotBuilt(Exception):
+    """A variant that could not be made; ``notes`` say what was tried."""
+
+    def __init__(self, message: str, notes: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.notes = tuple(notes)
+
+
+def op_counts(path: Path | onnx.ModelProto) -> Counter:
+    """Node count per op type (``domain:op`` outside the ONNX domain), If/Loop bodies left out."""
+    model = path if isinstance(path, onnx.ModelProto) else onnx.load(str(path), load_external_data=False)
+    return Counter(f"{n.domain}:{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
+                   for n in model.graph.node)
+
+
+def fused_ops(counts: Counter) -> tuple[tuple[str, int], ...]:
+    """The fused or quantized op types of ``counts`` (onnxruntime's contrib ops and the ONNX fused ones)."""
+    return tuple(sorted((op, n) for op, n in counts.items() if ":" in op or op in FUSED_ONNX_OPS))
+
+
+def _gained(before: Counter, after: Counter) -> dict[str, int]:
+    return {op: n - before.get(op, 0) for op, n in fused_ops(after) if n > before.get(op, 0)}
+
+
+def _external(src: Path) -> bool:
+    return file_bytes(src) > inline_limit()
+
+
+def _fuse_onnxscript(src: Path, dst: Path, layout: CacheLayout) -> str:
+    import onnx_ir as ir
+    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+    model, _ = optimize_for_ort(ir.load(str(src)))
+    ir.save(model, str(dst), external_data=dst.name + ".data" if _external(src) else None)
+    return "onnxscript ort_fusions"
+
+
+def _fuse_transformers(src: Path, dst: Path, layout: CacheLayout) -> str:
+    from onnxruntime.transformers import optimizer
+
+    kind = ORT_MODEL_TYPES.get(layout.model_type, "gpt2")
+    with captured_output([]), _quiet("onnxruntime.transformers"):
+        opt = optimizer.optimize_model(str(src), model_type=kind, num_heads=layout.heads,
+                                       hidden_size=layout.heads * layout.head_dim, opt_level=0, use_gpu=False)
+        opt.save_model_to_file(str(dst), use_external_data_format=_external(src))
+    return f"onnxruntime.transformers.optimizer (model_type {kind})"
+
+
+def _fuse_offline(src: Path, dst: Path, layout: CacheLayout) -> str:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED  # no layout changes
+    opts.optimized_model_filepath = str(dst)
+    if _external(src):
+        opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", dst.name + ".data")
+    ort.InferenceSession(str(src), opts, providers=[CPU])
+    return "onnxruntime offline graph optimization (extended, CPU)"
+
+
+FUSION_STAGES: tuple[Callable[[Path, Path, CacheLayout], str], ...] = (
+    _fuse_onnxscript, _fuse_transformers, _fuse_offline)
+STAGE_NAMES = ("onnxscript ort_fusions", "onnxruntime.transformers.optimizer", "onnxruntime offline optimization")
+
+
+def build_fused(src: Path, dst: Path, layout: CacheLayout, tmp: Path) -> tuple[str, ...]:
+    """Each fusion stage on the previous one's result; a stage that fails or fuses nothing is noted and left
+    out. Nothing fused at all is :class:`NotBuilt`."""
+    notes: list[str] = []
+    current, counts = src, op_counts(src)
+    for i, stage in enumerate(FUSION_STAGES):
+        out = tmp / f"fused-{i}.onnx"
+        try:
+            tool = stage(current, out, layout)
+            after = op_counts(out)
+        except Exception as e:  # noqa: BLE001 - one stage failing leaves the others
+            notes.append(f"{STAGE_NAMES[i]}: {short_error(e)}")
+            continue
+        gained = _gained(counts, after)
+        if not gained:
+            notes.append(f"{tool}: no fusion matched")
+            continue
+        notes.append(f"{tool}: " + ", ".join(f"{op} +{n}" for op, n in sorted(gained.items())))
+        current, counts = out, after
+    if current == src:
+        raise NotBuilt("no fusion matched this graph", notes)
+    move_model(current, dst)
+    return tuple(notes)
+
+
+def fold_transposed_weights(model: onnx.ModelProto) -> int:
+    """Replace each Transpose of a 2-D weight (a tied lm_head reads the embedding so) by the transposed weight,
+    so weight-only quantization sees a constant. Returns how many were folded."""
+    from onnx import helper, numpy_helper
+
+    inits = {i.name: i for i in model.graph.initializer}
+    nodes, done = [], 0
+    for node in model.graph.node:
+        perm = next((list(helper.get_attribute_value(a)) for a in node.attribute if a.name == "perm"), [1, 0])
+        if (node.op_type != "Transpose" or node.domain not in ("", "ai.onnx") or node.input[0] not in inits
+                or len(inits[node.input[0]].dims) != 2 or perm != [1, 0]):
+            nodes.append(node)
+            continue
+        w = numpy_helper.to_array(inits[node.input[0]]).T
+        model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(w), node.output[0]))
+        done += 1
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return done
+
+
+def _drop_unused(model: onnx.ModelProto) -> None:
+    used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+    keep = [i for i in model.graph.initializer if i.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(keep)
+
+
+def gemm_to_matmul(model: onnx.ModelProto) -> int:
+    """Rewrite each Gemm with a constant weight (alpha 1, beta 1, A not transposed) as MatMul + Add, so
+    weight-only quantization (MatMul only) reaches GPT-2's Conv1D layers. Returns how many were rewritten."""
+    from onnx import helper, numpy_helper
+
+    inits = {i.name: i for i in model.graph.initializer}
+    nodes, done = [], 0
+    for node in model.graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if (node.op_type != "Gemm" or node.domain not in ("", "ai.onnx") or node.input[1] not in inits
+                or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0 or attrs.get("transA", 0)):
+            nodes.append(node)
+            continue
+        weight = node.input[1]
+        if attrs.get("transB", 0):
+            w = numpy_helper.to_array(inits[weight]).T
+            weight = f"{weight}__t{done}"
+            model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(w), weight))
+        product = node.output[0] if len(node.input) < 3 or not node.input[2] else f"{node.output[0]}__mm"
+        nodes.append(helper.make_node("MatMul", [node.input[0], weight], [product], name=f"{node.name}__matmul"))
+        if product != node.output[0]:
+            nodes.append(helper.make_node("Add", [product, node.input[2]], [node.output[0]], name=f"{node.name}__add"))
+        done += 1
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return done
+
+
+def build_nbits(src: Path, dst: Path, bits: int) -> tuple[str, ...]:
+    """Weight-only ``bits``-bit quantization (MatMulNBits, symmetric blocks of :data:`BLOCK_SIZE`) of every
+    MatMul with a constant weight, lm_head included; at 4 bits the embedding Gather too (GatherBlockQuantized:
+    onnxruntime quantizes Gather at 4 bits only)."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    model = onnx.load(str(src))
+    folded, gemms = fold_transposed_weights(model), gemm_to_matmul(model)
+    _drop_unused(model)  # weights only the rewritten nodes read
+    ops = ("MatMul", "Gather") if bits == 4 else ("MatMul",)
+    axes = (("MatMul", 0), ("Gather", 1))
+    config = DefaultWeightOnlyQuantConfig(block_size=BLOCK_SIZE, is_symmetric=True, accuracy_level=ACCURACY_LEVEL,
+                                          bits=bits, op_types_to_quantize=ops, quant_axes=axes)
+    quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=BLOCK_SIZE, is_symmetric=True,
+                                     accuracy_level=ACCURACY_LEVEL, op_types_to_quantize=ops, quant_axes=axes,
+                                     algo_config=config)
+    with _quiet(QUANT_LOGGER):
+        quantizer.process()
+    result = quantizer.model.model
+    counts = op_counts(result)
+    if not counts.get("com.microsoft:MatMulNBits"):
+        raise NotBuilt(f"no MatMul with a constant weight to quantize to {bits} bits")
+    tmp = dst.with_name(f".{dst.stem}.tmp.onnx")
+    save_model(result, tmp, _external(src))
+    move_model(tmp, dst)
+    left = counts.get("MatMul", 0)
+    return (f"MatMulNBits {bits}-bit, block {BLOCK_SIZE}, symmetric, accuracy level {ACCURACY_LEVEL}: "
+            f"{counts['com.microsoft:MatMulNBits']} MatMul quantized ({left} left: no constant weight)"
+            + (f"; {gemms} Gemm rewritten as MatMul + Add first" if gemms else "")
+            + (f"; {folded} transposed weight(s) folded first" if folded else "")
+            + ("; embedding Gather quantized" if counts.get("com.microsoft:GatherBlockQuantized") else
+               "; embedding kept in fp32"),)
+
+
+@contextlib.contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def build(name: str, src: Path, vdir: Path, tmp: Path, layout: CacheLayout) -> tuple[Path, tuple[str, ...]]:
+    """Make variant ``name`` of ``src`` in ``vdir`` (written elsewhere, then moved into place)."""
+    if name == "export":
+        return src, ("the proven export itself",)
+    dst = vdir / f"{name}.onnx"
+    for stale in (dst, dst.with_name(dst.name + ".data")):
+        stale.unlink(missing_ok=True)
+    if name == "fused":
+        return dst, build_fused(src, dst, layout, tmp)
+    return dst, build_nbits(src, dst, int(name.removeprefix("int")))
+
+
+# --------------------------------------------------------------------------- the variants
+
+
+def judge(name: str, path: Path, layout: CacheLayout, refs: References, tolerance: Tolerance,
+          threads: int | None, notes: tuple[str, ...] = ()) -> DecoderVariant:
+    """Re-prove the variant at ``path`` against ``refs`` and time its decode at batch 1."""
+    sess = session(path, providers=[CPU], threads=threads)
+    worst, strict, cosine = compare_cases(sess, layout, refs, tolerance)
+    top1 = teacher_forced(sess, layout, refs.prompts, refs.tokens)
+    steps = greedy_steps(sess, layout, refs.prompts, refs.tokens)
+    prompt = max(1, min(SPEED_PROMPT, layout.max_length - 2))
+    tokens = max(1, min(SPEED_TOKENS, layout.max_length - prompt - 1))
+    prompt_s, tok_s = decode_speed(sess, layout, prompt=prompt, tokens=tokens)
+    if name in FP32_VARIANTS:
+        why = None if strict else (f"outside the fp32 tolerance (atol {tolerance.atol}, rtol {tolerance.rtol}): "
+                                   f"max abs err {worst:.3g}")
+    else:
+        why = "; ".join([f"logit cosine {cosine:.4f} < {COSINE_MIN}"] * (cosine < COSINE_MIN)
+                        + [f"teacher-forced top-1 {top1:.3f} < {TOP1_MIN}"] * (top1 < TOP1_MIN)) or None
+    return DecoderVariant(name, path, file_bytes(path), fused_ops(op_counts(path)), worst, strict, cosine, top1,
+                          steps, int(refs.tokens.shape[1]), tok_s, prompt_s * 1000, why is None, why, notes)
+
+
+def _variant(name: str, src: Path, vdir: Path, tmp: Path, layout: CacheLayout, refs: References,
+             tolerance: Tolerance, threads: int | None) -> DecoderVariant:
+    try:
+        path, notes = build(name, src, vdir, tmp, layout)
+    except NotBuilt as e:
+        return DecoderVariant(name, None, passed=False, error=f"not built: {e}", notes=e.notes)
+    except Exception as e:  # noqa: BLE001 - a variant failing is recorded, the others go on
+        return DecoderVariant(name, None, passed=False, error=f"not built: {short_error(e)}")
+    try:
+        return judge(name, path, layout, refs, tolerance, threads, notes)
+    except Exception as e:  # noqa: BLE001
+        return DecoderVariant(name, path, file_bytes(path) if path.is_file() else None,
+                              passed=False, error=f"cannot run: {short_error(e)}", notes=notes)
+
+
+def variant_names(names: Sequence[str] | str | None) -> tuple[str, ...]:
+    """The variants to make, ``export`` (the baseline) always first; an unknown name is a UsageError."""
+    wanted = VARIANT_NAMES if names is None else tuple(
+        n.strip() for n in (names.split(",") if isinstance(names, str) else names) if n.strip())
+    unknown = [n for n in wanted if n not in VARIANT_NAMES]
+    if unknown:
+        raise UsageError(f"unknown decoder variant '{unknown[0]}'", f"choose from {', '.join(VARIANT_NAMES)}")
+    return ("export", *(n for n in VARIANT_NAMES[1:] if n in wanted))
+
+
+def optimize_decoder(model: nn.Module, layout: CacheLayout, proven_path: str | Path, out_dir: str | Path, *,
+                     names: Sequence[str] | str | None = None, tolerance: Tolerance = FP32,
+                     threads: int | None = None, progress: Progress = noop) -> DecoderVariants:
+    """Make each variant of the proven file at ``proven_path`` in ``out_dir/variants/``, re-prove it against
+    ``model`` and time it; a variant that cannot be made or run is recorded with why, never raised."""
+    wanted = variant_names(names)
+    src = Path(proven_path)
+    vdir = Path(out_dir) / "variants"
+    vdir.mkdir(parents=True, exist_ok=True)
+    progress("variants: PyTorch references for the step cases and teacher-forced tokens")
+    model.eval()
+    refs = references(model, layout)
+    made: list[DecoderVariant] = []
+    with tempfile.TemporaryDirectory(prefix=".onnxport-variants-", dir=vdir) as tmp:
+        for name in wanted:
+            progress(f"variant {name}: building, proving against PyTorch and timing decode")
+            made.append(_variant(name, src, vdir, Path(tmp), layout, refs, tolerance, threads))
+    with contextlib.suppress(OSError):
+        if not any(vdir.iterdir()):
+            os.rmdir(vdir)
+    return DecoderVariants(tuple(made), COSINE_MIN, TOP1_MIN, threads)
