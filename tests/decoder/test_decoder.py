@@ -121,6 +121,24 @@ def test_greedy_loop_matches_generate_with_left_padding(llama_outcome, llama_dir
     np.testing.assert_array_equal(got, want)
 
 
+def test_reference_generation_runs_past_the_models_end_of_sequence_token():
+    """A model whose greedy path hits its eos (Llama's 2, vocab 8) still gives every token, as a plain loop does."""
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=64, vocab_size=8, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, max_position_embeddings=256)).eval()
+    assert model.generation_config.eos_token_id == 2
+    ids = torch.randint(0, 8, (2, 5), generator=torch.Generator().manual_seed(1))
+    got = decoder.prove.reference_generate(model, ids, torch.ones_like(ids), 12)
+    loop = ids
+    with torch.inference_mode():
+        for _ in range(12):
+            loop = torch.cat([loop, model(loop).logits[:, -1].argmax(-1, keepdim=True)], 1)
+    assert 2 in got.tolist()[0] and got.shape == (2, 12)
+    np.testing.assert_array_equal(got, loop[:, 5:].numpy())
+    assert model.generation_config.eos_token_id == 2  # restored
+
+
 def test_prompt_longer_than_the_maximum_is_a_usage_error(llama_outcome):
     sess = session(llama_outcome.path, providers=["CPUExecutionProvider"])
     ids = np.zeros((1, MAX_LENGTH), np.int64)

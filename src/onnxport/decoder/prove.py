@@ -121,11 +121,20 @@ def greedy(sess, layout: CacheLayout, input_ids: np.ndarray, attention_mask: np.
 
 def reference_generate(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                        new_tokens: int) -> np.ndarray:
-    """``model.generate`` greedy, exactly ``new_tokens`` tokens (no end-of-sequence stop): [batch, new_tokens]."""
-    from transformers import GenerationConfig
+    """``model.generate`` greedy, exactly ``new_tokens`` tokens: [batch, new_tokens]. The model's own
+    end-of-sequence token does not stop it (``generate`` would fill the rest of a stopped row with padding,
+    and a correct export would look diverged), so the model's generation config is swapped for one without
+    it for the call."""
+    import copy
 
-    config = GenerationConfig(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=0, use_cache=True,
-                              eos_token_id=None, pad_token_id=0, bos_token_id=None)
-    with torch.inference_mode():
-        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+    config = copy.deepcopy(model.generation_config)
+    config.update(do_sample=False, num_beams=1, max_new_tokens=new_tokens, min_new_tokens=0, use_cache=True,
+                  eos_token_id=None, pad_token_id=0, bos_token_id=None, temperature=None, top_p=None, top_k=None)
+    saved = model.generation_config
+    model.generation_config = config  # unset fields fall back to the model's: its eos must not be there
+    try:
+        with torch.inference_mode():
+            out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+    finally:
+        model.generation_config = saved
     return out[:, input_ids.shape[1]:].numpy()
