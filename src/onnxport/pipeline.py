@@ -18,7 +18,7 @@ from onnxport.bench import sizes_at
 from onnxport.core.diagnostics import Diagnostic, error, info, warning
 from onnxport.core.errors import ConstrainedDims, ExportFailed, UsageError
 from onnxport.core.logs import Progress, noop
-from onnxport.core.onnxfile import external_data_files, move_model, read_graph
+from onnxport.core.onnxfile import copy_model, external_data_files, move_model, read_graph
 from onnxport.core.records import FP32, ExportResult, Failure, Tolerance
 from onnxport.core.samples import validation_cases
 from onnxport.core.spec import Dim, InputSpec, parse_dim, parse_input
@@ -161,9 +161,13 @@ def _run_decoder(source: str, out: str | Path, *, force: bool, progress: Progres
                       trust_remote_code=trust_remote_code) as (loaded, out, timings, _):
         t = time.perf_counter()
         made = decoder.run_model(loaded.model, out, opset=opset, tolerance=tolerance, progress=progress,
-                                 max_length=max_length)
+                                 max_length=max_length, variants=variants,
+                                 new_tokens=max(1, min(decoder.prove.NEW_TOKENS, max_length - 4)))
         timings["export_and_proof"] = time.perf_counter() - t
         diags = list(loaded.diagnostics)
+        best = made.variants.best if made.variants is not None else None
+        if best is not None and best.name != "export" and best.path is not None:
+            copy_model(best.path, out / "best.onnx")  # what serve and triton take
         if save_tokenizer(source.split(":", 1)[1], out) is not None:  # serve's generate then takes and gives text
             diags.append(info("tokenizer-copied", "the model's tokenizer is in tokenizer/: serve's generate "
                                                   "endpoint takes and returns text"))

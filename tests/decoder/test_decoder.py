@@ -316,3 +316,20 @@ def test_max_length_on_a_model_without_cache_is_a_usage_error(tmp_path):
     proc = run_cli("export", "torchvision:resnet18", "-o", str(tmp_path / "o"), "--max-length", "64")
     assert proc.returncode == 2 and "--max-length applies to causal language models" in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_convert_of_a_causal_lm_builds_and_judges_variants(llama_dir, tmp_path):
+    from tests.conftest import load_report, run_cli
+
+    out = tmp_path / "convert"
+    proc = run_cli("convert", f"hf:{llama_dir}", "-o", str(out), "--max-length", "24")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rep = load_report(out)
+    made = rep["decoder"]["variants"]
+    assert [v["name"] for v in made["variants"]] == ["export", "fused", "int8", "int4"]
+    assert all(v["decode_tok_s"] > 0 for v in made["variants"] if v["passed"])
+    best = made["best"]
+    assert best is not None and (out / "best.onnx").is_file() is (best != "export")
+    assert any(d["code"] == "decoder-variant-best" and best in d["message"] for d in rep["diagnostics"])
+    assert (out / "variants").is_dir() and "decoder-variant-best" in proc.stderr
