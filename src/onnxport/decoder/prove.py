@@ -11,6 +11,7 @@ from torch import nn
 
 from onnxport.core.errors import UsageError
 from onnxport.core.records import FP32, Tolerance
+from onnxport.decoder.generation import generate_greedy
 from onnxport.decoder.layout import CachedDecoder, step_inputs
 from onnxport.decoder.records import CacheLayout, DecoderProof, GenerationCheck, StepCase
 from onnxport.runtime.sessions import session
@@ -96,27 +97,9 @@ def greedy(sess, layout: CacheLayout, input_ids: np.ndarray, attention_mask: np.
            new_tokens: int) -> np.ndarray:
     """Greedy generation with the exported model: the prompt on an empty cache, then one token per step with
     the presents fed back as past, the mask extended by one and position ids from the mask's cumsum (as
-    transformers does for left padding). Returns [batch, new_tokens] token ids."""
-    batch, prompt = input_ids.shape
-    if prompt + new_tokens > layout.max_length:
-        raise UsageError(f"a prompt of {prompt} tokens plus {new_tokens} new ones exceeds the declared maximum of "
-                         f"{layout.max_length} tokens", "export again with a larger --max-length, or shorten the prompt")
-    mask = attention_mask.astype(np.int64)
-    ids = input_ids.astype(np.int64)
-    past = [np.zeros((batch, layout.kv_heads, 0, layout.head_dim), np.float32) for _ in range(2 * layout.layers)]
-    tokens = []
-    for _ in range(new_tokens):
-        feeds = {"input_ids": ids, "attention_mask": mask}
-        if layout.position_ids:
-            pos = np.cumsum(mask, -1) - 1
-            pos[mask == 0] = 1
-            feeds["position_ids"] = pos[:, -ids.shape[1]:]
-        feeds.update(zip(layout.input_names[len(feeds):], past))
-        logits, *past = sess.run(list(layout.output_names), feeds)
-        ids = logits[:, -1].argmax(-1).astype(np.int64)[:, None]
-        tokens.append(ids[:, 0])
-        mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
-    return np.stack(tokens, axis=1)
+    transformers does for left padding). Returns [batch, new_tokens] token ids; a prompt that leaves no room
+    for them is a UsageError."""
+    return generate_greedy(sess, layout, input_ids, attention_mask, new_tokens)
 
 
 def reference_generate(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,

@@ -28,6 +28,7 @@ from onnxport.core.errors import UsageError
 from onnxport.core.logs import Progress, captured_output, noop
 from onnxport.core.onnxfile import file_bytes, inline_limit, move_model, save_model
 from onnxport.core.records import FP32, Tolerance
+from onnxport.decoder.generation import step_feeds
 from onnxport.decoder.layout import CachedDecoder, step_inputs
 from onnxport.decoder.prove import greedy, step_matrix
 from onnxport.decoder.records import CacheLayout, DecoderVariant, DecoderVariants
@@ -120,17 +121,6 @@ def compare_cases(sess, layout: CacheLayout, refs: References, tolerance: Tolera
             strict = strict and bool(np.all(diff <= tolerance.atol + tolerance.rtol * np.abs(w)))
         cosine = min(cosine, _cosine(got[0], want[0]))
     return worst, strict, cosine
-
-
-def step_feeds(layout: CacheLayout, ids: np.ndarray, mask: np.ndarray, past: Sequence[np.ndarray]) -> dict:
-    """The feeds of one step, position ids from the mask's cumsum (as :func:`greedy` does)."""
-    feeds = {"input_ids": ids, "attention_mask": mask}
-    if layout.position_ids:
-        pos = np.cumsum(mask, -1) - 1
-        pos[mask == 0] = 1
-        feeds["position_ids"] = pos[:, -ids.shape[1]:]
-    feeds.update(zip(layout.input_names[len(feeds):], past))
-    return feeds
 
 
 def teacher_forced(sess, layout: CacheLayout, prompts: np.ndarray, tokens: np.ndarray) -> float:

@@ -56,16 +56,22 @@ def _fuse_onnxscript(src: Path) -> Fused:
             "onnxscript.rewriter.ort_fusions.optimize_for_ort")
 
 
-def _fuse_ort(src: Path, params: dict) -> Fused:
+def ort_optimizer(src: Path, params: dict, *, use_gpu: bool = False):
+    """onnxruntime's transformer optimizer on ``src`` (``params``: model_type, num_heads, hidden_size), with the
+    raw attention mask kept: (the optimizer's model, {fused op: count} for the ops it fused)."""
     from onnxruntime.transformers import optimizer
     from onnxruntime.transformers.fusion_options import FusionOptions
 
     options = FusionOptions(params["model_type"])
     options.use_raw_attention_mask(True)  # a 1-D mask index changes rows whose mask is all zeros
     opt = optimizer.optimize_model(str(src), model_type=params["model_type"], num_heads=params["num_heads"],
-                                   hidden_size=params["hidden_size"], opt_level=0, use_gpu=False,
+                                   hidden_size=params["hidden_size"], opt_level=0, use_gpu=use_gpu,
                                    optimization_options=options)
-    fused = {k: int(v) for k, v in (opt.get_fused_operator_statistics() or {}).items() if v}
+    return opt, {k: int(v) for k, v in (opt.get_fused_operator_statistics() or {}).items() if v}
+
+
+def _fuse_ort(src: Path, params: dict) -> Fused:
+    opt, fused = ort_optimizer(src, params)
     if fused.get("Attention") and not fused_attention(opt.model):  # it counts the standard op too
         fused.pop("Attention")
     have = {o.domain for o in opt.model.opset_import}

@@ -18,7 +18,7 @@ import onnx
 
 from onnxport.core.onnxfile import inline_limit
 from onnxport.optimize.context import BuildContext, BuildOutcome, Skip
-from onnxport.optimize.fusion import build_fused, fused_attention
+from onnxport.optimize.fusion import build_fused, fused_attention, ort_optimizer
 from onnxport.optimize.graph import init_bytes, save, short_error
 
 
@@ -36,19 +36,6 @@ def build_fp16(src: Path, dst: Path, ctx: BuildContext) -> BuildOutcome:
         return build_fp16_gpu(src, dst, ctx)
     save(_half(onnx.load(str(src))), dst)
     return BuildOutcome({"tool": "onnxruntime.transformers.float16", "keep_io_types": True})
-
-
-def _gpu_fusion(src: Path, params: dict):
-    from onnxruntime.transformers import optimizer
-    from onnxruntime.transformers.fusion_options import FusionOptions
-
-    options = FusionOptions(params["model_type"])
-    options.use_raw_attention_mask(True)  # a 1-D mask index changes rows whose mask is all zeros
-    opt = optimizer.optimize_model(str(src), model_type=params["model_type"], num_heads=params["num_heads"],
-                                   hidden_size=params["hidden_size"], opt_level=0, use_gpu=True,
-                                   optimization_options=options)
-    counts = {k: int(v) for k, v in (opt.get_fused_operator_statistics() or {}).items() if v}
-    return opt, counts
 
 
 def _half_fused(opt) -> onnx.ModelProto:
@@ -72,7 +59,7 @@ def build_fp16_gpu(src: Path, dst: Path, ctx: BuildContext) -> BuildOutcome:
                      "op_block_list": "onnxruntime.transformers.float16 default"}
     tried: list[str] = []
     try:
-        opt, counts = _gpu_fusion(src, params)
+        opt, counts = ort_optimizer(src, params, use_gpu=True)
         if fused_attention(opt.model):
             save(_half_fused(opt), dst)
             return BuildOutcome({**details, "fusions": counts, "graph": "given export"})
