@@ -332,7 +332,7 @@ def _check_and_compare(loaded: LoadedModel, result: ExportResult, diags: list[Di
     diags.extend(diagnose.runtime_traps(loaded, cases[0]))
     extra, sites = branches.cover(loaded, result.path, cases, result.guards)
     cases += extra
-    placed, sess = _placed_session(result.path)
+    placed, sess = _placed_session(result.path, checked.nodes)
     diags.extend(diagnose.placement(placed, result))
     loaded = runtime.loaded_on_device(loaded, runtime.config().device)
     with _strict_on_gpu():  # fp32 proven as fp32: TF32 off on both sides (onnxruntime's in GpuOptions)
@@ -372,13 +372,18 @@ def _strict_on_gpu() -> contextlib.AbstractContextManager:
     return runtime.strict_fp32() if runtime.config().device == "cuda" else contextlib.nullcontext()
 
 
-def _placed_session(path: Path) -> tuple[runtime.Placement | None, Any]:
+def _placed_session(path: Path, nodes: int) -> tuple[runtime.Placement | None, Any]:
     """The parity session on the configured device and where its nodes went (None, None when onnxruntime
-    cannot load the file: parity then reports why)."""
+    cannot load the file: parity then reports why). On the CPU every node is on the CPU (``nodes``: the
+    graph's), so the session is opened once, without the verbose placement log a GPU needs."""
     cfg = runtime.config()
     chain = runtime.default_providers()
     log: list[str] = []
     try:
+        if cfg.device == "cpu":
+            sess = runtime.session(path, providers=chain)
+            return runtime.Placement("cpu", tuple(runtime.provider_names(chain)), tuple(sess.get_providers()),
+                                     {runtime.CPU: nodes}), sess
         sess = runtime.session(path, providers=chain, log_sink=log)
     except UsageError:
         return None, None
