@@ -319,3 +319,44 @@ def test_triton_repository_of_a_decoder_keeps_its_tokenizer(llm, tmp_path):
         answer = _generate(url, {"text_input": PROMPT, "parameters": {"max_tokens": 6, "ignore_eos": True}},
                            model=made.name)
     assert answer["output_ids"] == llm["greedy"][:6] and answer["text_output"]
+
+
+def test_cli_serve_names_the_generate_endpoint(llm):
+    """`onnxport serve OUT/` of a decoder says where generate is, and answers it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from onnxport.serve import listen
+    from tests.conftest import ROOT
+
+    sock = listen("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    sock.close()
+    proc = subprocess.Popen([sys.executable, "-m", "onnxport", "serve", str(llm["out"]), "--port", str(port)],
+                            cwd=ROOT, env=dict(os.environ, COLUMNS="200"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    url = f"127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            try:
+                if get(url, "/v2/health/ready")[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        answer = _generate(url, {"input_ids": llm["prompt"], "parameters": {"max_tokens": 5, "ignore_eos": True}})
+        assert answer["output_ids"] == llm["greedy"][:5]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        err = proc.stderr.read()
+        assert f"POST http://{url}/v2/models/tiny-llama/generate and /generate_stream" in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()

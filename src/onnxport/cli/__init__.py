@@ -315,7 +315,8 @@ def serve(path: Annotated[Path, typer.Argument(help="an output folder, a .onnx f
     from onnxport import api
     from onnxport.core.errors import UsageError
     from onnxport.runtime import ops
-    from onnxport.serve import discover, listen, require_grpc, run
+    from onnxport.serve import discover, listen, require_grpc, run, signature
+    from onnxport.serve.generate import decoder_layout
 
     if grpc_port is not None:
         require_grpc()  # a missing extra fails in one line, before anything starts
@@ -335,6 +336,8 @@ def serve(path: Annotated[Path, typer.Argument(help="an output folder, a .onnx f
         err.print(f"  gRPC (KServe v2 / Triton inference.GRPCInferenceService) on {where}:{grpc_port}")
     for m in models:
         err.print(f"  model {m.name!r} ({m.onnx_path.name}): POST {base}/v2/models/{m.name}/infer")
+        if decoder_layout(signature(m.onnx_path), m.decoder_layout) is not None:
+            err.print(f"    a decoder with its KV cache: POST {base}/v2/models/{m.name}/generate and /generate_stream")
         if m.batching_off:
             err.print(f"    batching off: {m.batching_off}")
     try:
