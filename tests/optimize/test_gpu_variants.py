@@ -145,6 +145,9 @@ def test_graph_sessions_keep_one_session_per_shape(mlp_file):
         x = rng.standard_normal((batch, 8), dtype=np.float32)
         np.testing.assert_allclose(graphs.run(None, {name: x})[0], plain.run(None, {name: x})[0], rtol=1e-6)
     assert len(graphs.by_shape) == 2
+    for value in range(1, 6):  # temporaries freed after each call: a recycled id must not keep stale inputs
+        got = graphs.run(None, {name: np.full((1, 8), value, np.float32)})[0]
+        np.testing.assert_allclose(got, plain.run(None, {name: np.full((1, 8), value, np.float32)})[0], rtol=1e-6)
     with pytest.raises(UsageError, match="per input shape"):
         graphs.run(None, {name: np.zeros((5, 8), np.float32)})
 

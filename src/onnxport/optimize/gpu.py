@@ -193,12 +193,12 @@ class _Captured:
                         for o in outputs]
         for name, value in zip(self.names, self.outputs):
             self.binding.bind_ortvalue_output(name, value)
-        self._fed: tuple = tuple(id(feeds[n]) for n in self.inputs)
+        self._fed: tuple = tuple(feeds[n] for n in self.inputs)  # held, so "is" below cannot see a recycled id
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """Copy new inputs into the bound buffers (the same arrays are not copied again), run, read outputs."""
-        fed = tuple(id(feeds[n]) for n in self.inputs)
-        if fed != self._fed:
+        fed = tuple(feeds[n] for n in self.inputs)
+        if any(a is not b for a, b in zip(fed, self._fed)):
             for name, value in self.inputs.items():
                 value.update_inplace(np.ascontiguousarray(feeds[name]))
             self._fed = fed
