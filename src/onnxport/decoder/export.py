@@ -16,7 +16,7 @@ from onnxport.core.onnxfile import external_threshold, state_bytes
 from onnxport.decoder.layout import CachedDecoder, step_inputs
 from onnxport.decoder.records import CacheLayout, DecoderExport
 from onnxport.exporters.evidence import first_line
-from onnxport.exporters.opsets import MIN_OPSET, default_opset, exporter_max_opset
+from onnxport.exporters.opsets import MIN_OPSET, default_opset, exporter_max_opset, lower_opsets
 from onnxport.runtime.sessions import session
 
 EXAMPLE = {"batch": 2, "past": 5, "new": 3}  # never 0 or 1, all different (docs/architecture.md)
@@ -46,19 +46,24 @@ def export_decoder(model: nn.Module, layout: CacheLayout, path: str | Path, *, o
         raise UsageError(f"opset {opset} is not supported here (newest usable: {newest})",
                          f"pick an opset between {MIN_OPSET} and {newest}, or leave --opset out")
     versions = [opset] if opset is not None else list(range(newest, max(MIN_OPSET, newest - OPSET_TRIES) - 1, -1))
-    tried: list[str] = []
     t0 = time.perf_counter()
-    for version in versions:
+
+    def build(version: int) -> Path:
         try:
             _export_once(model, layout, path, version)
         except Exception as e:  # noqa: BLE001 - torch.export fails alike at every opset
             raise ExportFailed(f"the decoder with its cache could not be exported at opset {version}: "
                                f"{first_line(e)}", "export it without a cache, or report the model",
                                code="export-failed") from None
-        broken = ort_cannot_run(path, layout)
-        if broken is None or opset is not None:
-            return DecoderExport(path, version, time.perf_counter() - t0, tuple(tried))
-        tried.append(f"opset {version}: {broken}")
+        return path
+
+    def why_not(version: int, _: Path) -> str | None:  # an opset the user gave is kept as it is
+        return None if opset is not None else ort_cannot_run(path, layout)
+
+    kept, rejected = lower_opsets(versions, build, why_not)
+    tried = tuple(f"opset {version}: {reason}" for version, _, reason in rejected)
+    if kept is not None:
+        return DecoderExport(path, kept[0], time.perf_counter() - t0, tried)
     raise ExportFailed(f"the decoder with its cache could not be exported ({'; '.join(tried)})",
                        "try another --opset, or export without a cache", code="export-failed")
 

@@ -28,7 +28,7 @@ from onnxport.core.errors import UsageError
 from onnxport.core.logs import Progress, captured_output, noop
 from onnxport.core.onnxfile import file_bytes, inline_limit, move_model, save_model
 from onnxport.core.records import FP32, Tolerance
-from onnxport.decoder.generation import step_feeds
+from onnxport.decoder.generation import step_feeds, stream_greedy
 from onnxport.decoder.layout import CachedDecoder, step_inputs
 from onnxport.decoder.prove import greedy, step_matrix
 from onnxport.decoder.records import CacheLayout, DecoderVariant, DecoderVariants
@@ -146,17 +146,13 @@ def greedy_steps(sess, layout: CacheLayout, prompts: np.ndarray, tokens: np.ndar
 
 
 def timed_greedy(sess, layout: CacheLayout, input_ids: np.ndarray, new_tokens: int) -> list[float]:
-    """The seconds of each step of :func:`greedy`'s loop (unpadded rows; step 0 is the prompt)."""
-    rows = input_ids.shape[0]
-    ids, mask = input_ids.astype(np.int64), np.ones(input_ids.shape, np.int64)
-    past = [np.zeros((rows, layout.kv_heads, 0, layout.head_dim), np.float32) for _ in range(2 * layout.layers)]
-    names, seconds = list(layout.output_names), []
-    for _ in range(new_tokens):
-        t0 = time.perf_counter()
-        logits, *past = sess.run(names, step_feeds(layout, ids, mask, past))
-        ids = logits[:, -1].argmax(-1).astype(np.int64)[:, None]
-        seconds.append(time.perf_counter() - t0)
-        mask = np.ones((rows, mask.shape[1] + 1), np.int64)
+    """The seconds of each step of the greedy loop (:func:`~onnxport.decoder.generation.stream_greedy`,
+    unpadded rows; step 0 is the prompt)."""
+    seconds, t0 = [], time.perf_counter()
+    for _ in stream_greedy(sess, layout, input_ids, np.ones(input_ids.shape, np.int64), new_tokens):
+        now = time.perf_counter()
+        seconds.append(now - t0)
+        t0 = now
     return seconds
 
 

@@ -32,6 +32,7 @@ import numpy as np
 from onnxport.core.errors import UsageError
 from onnxport.optimize.context import BuildContext, BuildOutcome, Skip
 from onnxport.runtime import sessions as _sessions
+from onnxport.runtime.libraries import tensorrt_loadable
 from onnxport.runtime.sessions import CPU, CUDA, TENSORRT, GpuOptions, Placement, available_providers, session
 from onnxport.sources.base import LoadedModel
 
@@ -96,17 +97,6 @@ def providers_for(options: Mapping | None, out_dir: str | Path | None = None, de
 
 
 # --------------------------------------------------------------------------- gates
-
-
-def tensorrt_loadable() -> bool:
-    """Whether TensorRT's libraries load (onnxruntime lists TensorRT even where they are missing, and then
-    falls back to CUDA)."""
-    from onnxport.runtime.libraries import tensorrt_loadable as probe
-
-    try:
-        return bool(probe())
-    except Exception:  # noqa: BLE001 - a probe that fails means no TensorRT
-        return False
 
 
 def tensorrt_missing(available: Sequence[str] | None = None, loadable: bool | None = None) -> str | None:
