@@ -28,7 +28,24 @@ from onnxport.optimize.policy import tolerance_policy
 from onnxport.optimize.precision import build_fp16
 from onnxport.optimize.result import GPU_VARIANTS, OptimizeResult, Variant, parse_names
 from onnxport.report.build import Outcome, build_report
-from onnxport.runtime import CPU, CUDA, TENSORRT, Placement, session
+from onnxport.runtime import (
+    CPU,
+    CUDA,
+    TENSORRT,
+    GraphSessions,
+    Placement,
+    SessionBackend,
+    SessionOptions,
+    base_options,
+    gpu_options_for,
+    graph_blocker,
+    memcpy_nodes,
+    needs_fixed_shapes,
+    open_for,
+    providers_for,
+    session,
+    without_cuda_graph,
+)
 from onnxport.serve.models import signature
 from onnxport.serve.triton import config_pbtxt, model_config
 from tests.conftest import MODELS
@@ -95,9 +112,9 @@ def test_each_gpu_variant_records_the_session_options_it_needs(mlp, mlp_file, tm
     ctx = _cuda_ctx(mlp, tmp_path, timed_at={"batch": 4})
     tf32 = gpu.build_tf32(mlp_file, tmp_path / "tf32.onnx", ctx)
     assert tf32.path == mlp_file and tf32.session_options == {"provider": CUDA, "use_tf32": True}
-    (cuda, opts), cpu = gpu.providers_for(tf32.session_options)
+    (cuda, opts), cpu = providers_for(tf32.session_options)
     assert cuda == CUDA and opts["use_tf32"] == "1" and cpu == CPU and "enable_cuda_graph" not in opts
-    assert gpu.gpu_options_for(tf32.session_options).tf32 is True
+    assert gpu_options_for(tf32.session_options).tf32 is True
 
     trt = gpu.build_tensorrt(mlp_file, tmp_path / "trt.onnx", ctx, available=TRT_LIST, loadable=True)
     o = trt.session_options
@@ -105,7 +122,7 @@ def test_each_gpu_variant_records_the_session_options_it_needs(mlp, mlp_file, tm
     assert (o["trt_profile_min_shapes"], o["trt_profile_opt_shapes"], o["trt_profile_max_shapes"]) == \
         ("x:1x8", "x:4x8", "x:16x8")
     assert (tmp_path / gpu.TRT_CACHE).is_dir()
-    chain = gpu.providers_for(o, out_dir=tmp_path)
+    chain = providers_for(o, out_dir=tmp_path)
     assert [p[0] if isinstance(p, tuple) else p for p in chain] == [TENSORRT, CUDA, CPU]
     assert chain[0][1]["trt_fp16_enable"] is True and chain[0][1]["trt_profile_max_shapes"] == "x:16x8"
     assert chain[0][1]["trt_engine_cache_path"] == str(tmp_path / gpu.TRT_CACHE) and chain[1][1]["use_tf32"] == "0"
@@ -113,31 +130,50 @@ def test_each_gpu_variant_records_the_session_options_it_needs(mlp, mlp_file, tm
         gpu.build_tensorrt(mlp_file, tmp_path / "trt.onnx", ctx, available=TRT_LIST, loadable=False)
 
 
+def test_the_session_options_record_gives_back_the_dict_each_variant_records(mlp, mlp_file, tmp_path):
+    """SessionOptions.to_dict() is report.json's ``session_options`` (keys and their order); every function takes
+    the record or the dict."""
+    trt = gpu.build_tensorrt(mlp_file, tmp_path / "trt.onnx", _cuda_ctx(mlp, tmp_path), available=TRT_LIST,
+                             loadable=True).session_options
+    assert list(trt) == ["provider", "trt_fp16_enable", "trt_max_workspace_size", "trt_engine_cache_enable",
+                         "trt_engine_cache_path", "trt_timing_cache_enable", "trt_timing_cache_path", "use_tf32",
+                         "trt_profile_min_shapes", "trt_profile_opt_shapes", "trt_profile_max_shapes"]
+    assert base_options("cpu") == {"provider": CPU} and base_options("cuda") == {"provider": CUDA, "use_tf32": False}
+    for recorded in (GRAPH, trt, base_options("cpu"), base_options("cuda"), {"provider": CUDA, "later_key": 1}):
+        rec = SessionOptions.from_dict(recorded)
+        assert list(rec.to_dict().items()) == list(recorded.items())
+        assert providers_for(rec, tmp_path) == providers_for(recorded, tmp_path)
+    assert SessionOptions.from_dict({"provider": CUDA, "use_tf32": "1"}).use_tf32 is True
+    graph = SessionOptions.from_dict(GRAPH)
+    assert needs_fixed_shapes(graph) and not needs_fixed_shapes(without_cuda_graph(graph))
+    assert without_cuda_graph(graph).to_dict() == without_cuda_graph(GRAPH) == base_options("cuda")
+
+
 def test_cuda_graph_needs_every_node_on_cuda_and_captures_the_fastest_file(mlp, mlp_file, tmp_path):
     ctx = _cuda_ctx(mlp, tmp_path)
     on_cuda = Placement("cuda", (CUDA, CPU), (CUDA, CPU), {CUDA: 3})
-    assert gpu.graph_blocker(on_cuda) is None
+    assert graph_blocker(on_cuda) is None
     fp16 = tmp_path / "fp16.onnx"
     seen = []
     out = gpu.build_cuda_graph(mlp_file, tmp_path / "g.onnx", ctx, {"export": mlp_file, "fp16": fp16},
                                fastest=lambda paths: seen.append(sorted(paths)) or "fp16",
                                copies=lambda p, chain: [], placed=lambda p, chain: pytest.fail("not asked"))
     assert seen == [["export", "fp16"]] and out.path == fp16 and out.policy == "fp16"
-    assert out.session_options == GRAPH and gpu.needs_fixed_shapes(out.session_options)
-    assert gpu.providers_for(out.session_options)[0][1]["enable_cuda_graph"] == "1"
-    assert "enable_cuda_graph" not in gpu.without_cuda_graph(out.session_options)
+    assert out.session_options == GRAPH and needs_fixed_shapes(out.session_options)
+    assert providers_for(out.session_options)[0][1]["enable_cuda_graph"] == "1"
+    assert "enable_cuda_graph" not in without_cuda_graph(out.session_options)
     with pytest.raises(Skip, match=r"copies between CPU and GPU at MemcpyToHost \(m0\)"):
         gpu.build_cuda_graph(mlp_file, tmp_path / "g.onnx", ctx, {}, copies=lambda p, chain: ["MemcpyToHost (m0)"])
     split = Placement("cuda", (CUDA, CPU), (CUDA, CPU), {CUDA: 3, CPU: 1}, ("MaxPool (pool)",))
     with pytest.raises(Skip, match=r"every node on CUDA; on the CPU: MaxPool \(pool\)"):  # the copies unknown
         gpu.build_cuda_graph(mlp_file, tmp_path / "g.onnx", ctx, {}, copies=lambda p, chain: None,
                              placed=lambda p, chain: split)
-    assert gpu.memcpy_nodes(mlp_file, [CPU]) == []  # one provider: nothing to copy
+    assert memcpy_nodes(mlp_file, [CPU]) == []  # one provider: nothing to copy
 
 
 def test_graph_sessions_keep_one_session_per_shape(mlp_file):
     """The CUDA-graph runner (fixed input/output buffers, IO binding) run for real on the CPU provider."""
-    graphs = gpu.GraphSessions(mlp_file, [CPU], device="cpu", max_shapes=2)
+    graphs = GraphSessions(mlp_file, [CPU], device="cpu", max_shapes=2)
     plain = session(mlp_file, providers=[CPU])
     name = plain.get_inputs()[0].name
     rng = np.random.default_rng(0)
@@ -247,7 +283,7 @@ def test_gpu_benchmark_cpu_smoke_runs_every_row(tmp_path, capsys):
 def test_the_benchmark_times_the_best_with_its_session_options(mlp, mlp_file):
     from onnxport.bench import run
 
-    best = gpu.SessionBackend(mlp_file, gpu.open_for({"provider": CPU, "enable_cuda_graph": True}),
+    best = SessionBackend(mlp_file, open_for({"provider": CPU, "enable_cuda_graph": True}),
                               "onnxruntime:best (cuda-graph)")
     result = run(mlp, {"onnxruntime": mlp_file}, batches=[2], min_runs=3, max_seconds=0.5, warmup=1, peak=False,
                  threads=1, extra_backends=[best])
@@ -268,6 +304,6 @@ def test_variants_on_cuda_prove_and_time_each_under_its_options(mlp, mlp_file, t
     assert by["export"].session_options == {"provider": CUDA, "use_tf32": False}
     tf32 = by["tf32"]
     assert tf32.passed and tf32.session_options == {"provider": CUDA, "use_tf32": True}
-    assert Path(tf32.path) == mlp_file and tf32.tolerance == TF32.to_dict() and tf32.latency_ms["1"] > 0
+    assert Path(tf32.path) == mlp_file and tf32.tolerance.to_dict() == TF32.to_dict() and tf32.latency_ms["1"] > 0
     assert by["cuda-graph"].skipped and "a CUDA graph needs every node on CUDA" in by["cuda-graph"].skipped
     assert res.best is not None and res.best.session_options["provider"] == CUDA

@@ -49,10 +49,10 @@ def test_variants_are_judged_on_the_samples(cnn, tmp_path):
     res = optimize.variants(loaded, model, tmp_path, names=["int8"], samples=refs, bench_batches=(1,),
                             bench_seconds=0.2)
     base, int8 = res.variants
-    assert base.samples["passed"] and base.samples["count"] == 12 and not base.samples["metric_decides"]
+    assert base.samples.passed and base.samples.count == 12 and not base.samples.metric_decides
     assert int8.details["calibration"]["method"] in quantize.CALIBRATION_METHODS
-    assert int8.samples["metric_decides"] and {m["name"] for m in int8.samples["metrics"]} == {
+    assert int8.samples.metric_decides and {m.name for m in int8.samples.metrics} == {
         "cosine", "top1_agreement"}
-    sample_ok = all(m["passed"] for m in int8.samples["metrics"])
+    sample_ok = all(m.passed for m in int8.samples.metrics)
     assert int8.passed == sample_ok  # the generated inputs' metric is reported, the samples' decides
-    assert int8.to_dict()["samples"] == int8.samples
+    assert int8.to_dict()["samples"] == int8.samples.to_dict()

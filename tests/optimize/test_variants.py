@@ -68,7 +68,7 @@ def test_every_variant_passes_or_says_why(text_run):
     assert by["ort"].details["level"] == "extended" and by["ort"].details["portable"]
     assert by["fused"].details.get("num_heads") == 2 or by["fused"].skipped
     assert by["int8"].metrics and all(m.name in ("cosine", "top1_agreement") for m in by["int8"].metrics)
-    assert by["fp16"].tolerance == {"atol": 0.01, "rtol": 0.01}
+    assert by["fp16"].tolerance.to_dict() == {"atol": 0.01, "rtol": 0.01}
 
 
 def test_best_is_fastest_passing_and_copied(text_run):
@@ -187,7 +187,7 @@ def test_int8_search_keeps_only_the_sensitive_node_in_fp32(outlier):
     fc1, fc2 = _fc_nodes(model)
     assert sens["plain_int8_metric"]["passed"] is False and sens["plain_int8_metric"]["value"] < 0.99
     assert sens["kept_fp32"] == [fc2] and sens["of"] == 2  # fc1's input is benign: it stays int8
-    assert v.passed and v.metric["value"] >= 0.99
+    assert v.passed and v.metric.value >= 0.99
     import onnx
 
     ops = [n.op_type for n in onnx.load(str(tmp / v.path)).graph.node]
@@ -252,7 +252,7 @@ def test_minilm_fused_int8_passes_with_few_fp32_nodes(minilm_dir, tmp_path):
     result = optimize.variants(loaded, model, tmp_path, names=["fused+int8"], **FAST)
     v = {e.name: e for e in result.variants}["fused+int8"]
     assert v.passed, v.reason
-    assert v.metric["name"] == "cosine (mean-pooled embedding)" and v.metric["value"] >= 0.99
+    assert v.metric.name == "cosine (mean-pooled embedding)" and v.metric.value >= 0.99
     sens = v.details["sensitivity"]
     assert sens["plain_int8_metric"]["value"] < 0.99 and 1 <= len(sens["kept_fp32"]) <= 6 and sens["of"] >= 24
     ops = {n.op_type for n in onnx.load(str(tmp_path / v.path)).graph.node}

@@ -11,6 +11,11 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from onnxport.optimize.result import SkipReason
+
+# variants left out before building (the plan, a missing library, the budget): listed on one line, not in the table
+NOT_BUILT = frozenset({SkipReason.NOT_PLANNED.value, SkipReason.NOT_BUILT.value, SkipReason.BUDGET.value})
+
 err = Console(stderr=True, soft_wrap=True, highlight=False, markup=False,
               width=None if sys.stderr.isatty() else 120)
 
@@ -55,7 +60,7 @@ def _print_export(rep: dict, out: Path) -> None:
     err.print(f"  model     {m['name']} ({m['kind']}) · {m['parameters']:,} parameters")
     exp = rep["export"]
     def mark(a: dict) -> str:
-        if (a["error"] or "").startswith("not applicable"):
+        if a.get("not_applicable"):
             return f"{a['exporter']} –"
         return f"{a['exporter']} {('✔ froze' if a.get('frozen') else '✔') if a['ok'] else '✘'} {a['seconds']:.1f}s"
 
@@ -135,7 +140,7 @@ def _print_samples(s: dict | None) -> None:
 
 def _print_variants(rep: dict, out: Path) -> None:
     entries = rep.get("variants") or []
-    not_built = [v["name"] for v in entries if str(v.get("skipped") or "").startswith("not built")]
+    not_built = [v["name"] for v in entries if v.get("skip_reason") in NOT_BUILT]
     shown = [v for v in entries if v["name"] not in not_built]
     if shown:
         at = (rep.get("best") or {}).get("timed_at") or {}

@@ -84,3 +84,12 @@ def missing_dependency(package: str, extra: str) -> EnvironmentProblem:
         f"pip install 'onnxport[{extra}]' (or pip install {package})",
         code="missing-dependency",
     )
+
+
+def one_line(exc: BaseException | str, limit: int = 300, *, typed: bool = False) -> str:
+    """An error's message on one line (each run of whitespace, newlines included, one space), cut at ``limit``
+    characters; ``typed``: ``Type: message``, the type alone when the message is empty."""
+    text = " ".join(str(exc).split())[:limit]
+    if not typed:
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

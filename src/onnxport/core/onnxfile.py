@@ -121,6 +121,13 @@ def move_model(src: Path, dst: Path) -> None:
     src.unlink(missing_ok=True)
 
 
+def remove_model(path: str | Path) -> None:
+    """Remove a model file and its external data (``<name>.data``), either or both missing."""
+    path = Path(path)
+    for stale in (path, path.with_name(path.name + ".data")):
+        stale.unlink(missing_ok=True)
+
+
 def walk_nodes(graph: onnx.GraphProto):
     """Every node of ``graph``, those in If/Loop/Scan subgraphs included."""
     for node in graph.node:

@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from onnxport.core.errors import ExportFailed, UsageError
+from onnxport.core.errors import ExportFailed, UsageError, one_line
 from onnxport.core.logs import captured_output
-from onnxport.core.onnxfile import external_threshold, state_bytes
+from onnxport.core.onnxfile import external_threshold, remove_model, state_bytes
 from onnxport.decoder.layout import CachedDecoder, step_inputs
 from onnxport.decoder.records import CacheLayout, DecoderExport
 from onnxport.exporters.evidence import first_line
@@ -73,8 +73,7 @@ def _export_once(model: nn.Module, layout: CacheLayout, path: Path, opset: int) 
     example = step_inputs(layout, batch=EXAMPLE["batch"], past=EXAMPLE["past"], new=EXAMPLE["new"])
     size = state_bytes(model)
     path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in (path, path.with_name(path.name + ".data")):
-        stale.unlink(missing_ok=True)
+    remove_model(path)
     chatter: list[str] = []
     with warnings.catch_warnings(), captured_output(chatter), torch.no_grad():
         warnings.simplefilter("ignore")
@@ -101,5 +100,5 @@ def ort_cannot_run(path: Path, layout: CacheLayout) -> str | None:
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(getattr(e, "message", e)).strip()
-    return " ".join(text.split())[:240] if text else type(e).__name__
+    """An onnxruntime error on one line (an onnxport error's message without its hint), or its type."""
+    return one_line(getattr(e, "message", e), 240) or type(e).__name__

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from torch import nn
@@ -17,7 +18,11 @@ from onnxport.decoder.export import export_decoder
 from onnxport.decoder.layout import architectures, cache_layout, is_causal_lm
 from onnxport.decoder.prove import NEW_TOKENS, prove_decoder
 from onnxport.decoder.records import DecoderOutcome
-from onnxport.decoder.variants import optimize_decoder
+from onnxport.decoder.variants import optimize_decoder, variant_names
+from onnxport.optimize.passes import install_best
+from onnxport.optimize.registry import BASELINE
+
+Names = Sequence[str] | str | None  # None: no variants; "auto", "all" or names of the decoder kind
 
 MAX_LENGTH = 128
 
@@ -35,7 +40,7 @@ def wants_cache(source: str, task: str | None) -> bool:
 
 def run(model_dir: str | Path, out: str | Path, *, max_length: int = MAX_LENGTH, opset: int | None = None,
         tolerance: Tolerance = FP32, new_tokens: int = NEW_TOKENS, trust_remote_code: bool = False,
-        variants: bool = False, progress: Progress = noop) -> DecoderOutcome:
+        variants: Names | bool = None, progress: Progress = noop) -> DecoderOutcome:
     """Load the causal LM in ``model_dir`` (local only, as ``hf:DIR``) and hand it to :func:`run_model`."""
     from onnxport.sources.hf import load_hf
 
@@ -49,14 +54,28 @@ def run(model_dir: str | Path, out: str | Path, *, max_length: int = MAX_LENGTH,
                      new_tokens=new_tokens, variants=variants, progress=progress)
 
 
+def _names(variants: Names | bool) -> Names:
+    """The variant names asked for (True, an older spelling: "all"; False: none)."""
+    if isinstance(variants, bool):
+        return "all" if variants else None
+    return variants
+
+
 def run_model(model: nn.Module, out: str | Path, *, max_length: int = MAX_LENGTH, opset: int | None = None,
-              tolerance: Tolerance = FP32, new_tokens: int = NEW_TOKENS, variants: bool = False,
-              progress: Progress = noop) -> DecoderOutcome:
+              tolerance: Tolerance = FP32, new_tokens: int = NEW_TOKENS, variants: Names | bool = None,
+              progress: Progress = noop, budget_s: float | None = None, threads: int | None = None,
+              seq: int | None = None) -> DecoderOutcome:
     """Export ``model`` (a transformers causal LM in eval mode) with its cache into ``out`` and prove it: step
     cases against PyTorch and greedy generation against ``model.generate``. ``out/model.onnx`` is written only
     when every check passes, else ``out/model.unverified.onnx``. A model without a standard cache, or a
-    ``max_length`` it cannot take, is a UsageError before anything is exported. With ``variants`` a proven
-    export gets its optimized variants in ``out/variants/`` (:func:`optimize_decoder`)."""
+    ``max_length`` it cannot take, is a UsageError before anything is exported. With ``variants`` ("auto",
+    "all" or names of the decoder kind; None: none) a proven export gets its optimized variants in
+    ``out/variants/`` (:func:`optimize_decoder`; ``budget_s``, ``threads``, ``seq``: its budget, onnxruntime's
+    threads and the prompt length decode speed is timed after) and the best one, when not the export itself,
+    is copied to ``out/best.onnx``."""
+    names = _names(variants)
+    if names is not None:
+        variant_names(names)  # an unknown name fails before the (slow) export
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.eval()
@@ -76,6 +95,10 @@ def run_model(model: nn.Module, out: str | Path, *, max_length: int = MAX_LENGTH
                 leftover.unlink(missing_ok=True)
         move_model(made.path, final)
     built = None
-    if variants and proof.passed:
-        built = optimize_decoder(model, layout, final, out, tolerance=tolerance, progress=progress)
+    if names is not None and proof.passed:
+        built = optimize_decoder(model, layout, final, out, names=names, tolerance=tolerance, progress=progress,
+                                 budget_s=budget_s, threads=threads, seq=seq)
+        best = built.best
+        if best is not None and best.name != BASELINE and best.path is not None:
+            install_best(best.path, out)  # what serve and triton take
     return DecoderOutcome(final, layout, dataclasses.replace(made, path=final), proof, built)

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from onnxport.core.errors import UsageError
+from onnxport.core.errors import UsageError, one_line
 from onnxport.decoder.records import CacheLayout
 
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
@@ -100,7 +100,7 @@ def _dry_run(model: nn.Module, layout: CacheLayout) -> None:
     except Exception as e:  # noqa: BLE001 - any failure means the layout is not the one assumed
         raise UsageError(f"{layout.architecture} does not take a standard key/value cache "
                          f"([batch, {layout.kv_heads}, past, {layout.head_dim}] per layer): "
-                         f"{type(e).__name__}: {' '.join(str(e).split())[:160]}",
+                         f"{one_line(e, 160, typed=True)}",
                          "export it without a cache (leave out --task text-generation)") from None
     want = (1, layout.kv_heads, 3, layout.head_dim)
     shapes = {tuple(t.shape) for t in outs[1:]}

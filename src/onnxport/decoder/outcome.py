@@ -74,4 +74,4 @@ def to_outcome(dec: DecoderOutcome, loaded: LoadedModel, command: str | None, di
     cases = tuple(_case(c, dec.layout.kv_heads, dec.layout.head_dim) for c in dec.proof.cases)
     parity = ParityResult(dec.proof.passed, dec.proof.tolerance, cases)
     return Outcome(loaded, command, tuple(diags) + tuple(diagnostics(dec)), dict(timings), export=result,
-                   check=check(dec.path), parity=parity, model_path=dec.path.name, decoder=dec.to_dict())
+                   check=check(dec.path), parity=parity, model_path=dec.path.name, decoder=dec)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from onnxport.core.errors import UsageError
+from onnxport.core.errors import UsageError, one_line
 from onnxport.core.records import FP32, Tolerance
 from onnxport.decoder.generation import generate_greedy
 from onnxport.decoder.layout import CachedDecoder, step_inputs
@@ -62,7 +62,7 @@ def step_case(sess, wrapper: nn.Module, layout: CacheLayout, batch: int, past: i
         got = sess.run(list(layout.output_names), {n: t.numpy() for n, t in zip(layout.input_names, feeds)})
     except Exception as e:  # noqa: BLE001 - recorded as the case's failure
         return StepCase(batch, past, new, float("inf"), float("inf"), float("inf"), False,
-                        " ".join(str(e).split())[:240])
+                        one_line(e, 240))
     abs_errs, rel, ok = [], 0.0, True
     for g, w in zip(got, want):
         if g.shape != w.shape:
@@ -85,7 +85,7 @@ def generation_check(name: str, sess, model: nn.Module, layout: CacheLayout, inp
     except UsageError:
         raise
     except Exception as e:  # noqa: BLE001 - recorded as the generation's failure
-        return GenerationCheck(name, len(lengths), lengths, new_tokens, (), None, " ".join(str(e).split())[:240])
+        return GenerationCheck(name, len(lengths), lengths, new_tokens, (), None, one_line(e, 240))
     agree = tuple(bool(np.array_equal(got[:, i], want[:, i])) for i in range(min(got.shape[1], want.shape[1])))
     first = next((i for i, same in enumerate(agree) if not same), None)
     if first is None and len(agree) < new_tokens:

@@ -7,6 +7,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from onnxport.core.records import Tolerance
+from onnxport.optimize.gates import GATES
+from onnxport.optimize.passes import MIN_GAIN, clearly_faster
+from onnxport.optimize.result import SkipReason
+
+__all__ = ["DECODER_GATES", "MIN_GAIN", "CacheLayout", "DecoderExport", "DecoderOutcome", "DecoderProof",
+           "DecoderVariant", "DecoderVariants", "GenerationCheck", "StepCase"]
+
+DECODER_GATES = GATES  # the quantized decoder variants pass the same gates as every other variant
 
 
 @dataclass(frozen=True)
@@ -142,6 +150,7 @@ class DecoderVariant:
     passed: bool = False
     error: str | None = None
     notes: tuple[str, ...] = ()  # how it was built, and the routes that matched nothing
+    skip_reason: SkipReason | None = None  # why it was not built (None: built, or its builder crashed)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "path": None if self.path is None else str(self.path),
@@ -150,10 +159,9 @@ class DecoderVariant:
                 "top1_agreement": _round(self.top1), "greedy_steps_agreeing": self.greedy_steps,
                 "greedy_tokens": self.greedy_tokens, "decode_tok_s": _round(self.decode_tok_s, 2),
                 "prompt_ms": _round(self.prompt_ms, 3), "passed": self.passed, "error": self.error,
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "skip_reason": None if self.skip_reason is None else self.skip_reason.value}
 
 
-MIN_GAIN = 1.05  # a variant replaces the export when it decodes at least 5% faster
 
 
 @dataclass(frozen=True)
@@ -164,6 +172,7 @@ class DecoderVariants:
     cosine_min: float
     top1_min: float
     threads: int | None = None
+    prompt: int | None = None  # the prompt length decode speed was timed after
 
     @property
     def best(self) -> DecoderVariant | None:
@@ -173,7 +182,7 @@ class DecoderVariants:
         fastest = max(passing, key=lambda v: v.decode_tok_s, default=None)
         base = self.get("export")
         if (fastest is not None and base is not None and base.passed and base.decode_tok_s
-                and fastest.decode_tok_s < MIN_GAIN * base.decode_tok_s):
+                and not clearly_faster(fastest.decode_tok_s / base.decode_tok_s)):
             return base
         return fastest
 
@@ -192,6 +201,7 @@ class DecoderVariants:
         best = self.best
         return {"best": None if best is None else best.name, "speedup_vs_export": _round(self.speedup, 3),
                 "cosine_min": self.cosine_min, "top1_min": self.top1_min, "threads": self.threads,
+                "speed_prompt": self.prompt,
                 "variants": [v.to_dict() for v in self.variants]}
 
 

@@ -8,7 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from onnxport.core.errors import UsageError
+from onnxport.core.errors import UsageError, one_line
 
 TOKENIZER_DIR = "tokenizer"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
@@ -62,5 +62,5 @@ def load_tokenizer(out_dir: str | Path):
     try:
         return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - any failure to load is the user's folder to fix
-        raise UsageError(f"the tokenizer in {folder} does not load: {' '.join(str(e).split())[:200]}",
+        raise UsageError(f"the tokenizer in {folder} does not load: {one_line(e, 200)}",
                          "export the model again, or remove the tokenizer folder to serve token ids") from None

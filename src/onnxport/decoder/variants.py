@@ -2,6 +2,10 @@
 ``int8`` / ``int4`` (weight-only MatMulNBits), each re-proven against PyTorch and timed; the best is the
 fastest passing one.
 
+The builders (``fused``, ``int8``, ``int4``) and the judge are registered in the one variant registry
+(:mod:`onnxport.optimize.registry`, kind ``decoder``); building, the budget, the choice and best.onnx are
+:mod:`onnxport.optimize.passes`', the gates :data:`onnxport.optimize.gates.GATES`.
+
 fp32 variants must stay within the proof's fp32 tolerance on every step case. Quantized ones are judged by the
 lowest logit cosine over the step cases and by teacher-forced top-1 agreement (PyTorch's greedy tokens fed in,
 the variant's argmax compared at each step): random-weight models have flat logits, so asking for equal greedy
@@ -10,6 +14,7 @@ tokens would judge noise. Greedy agreement (steps before the first difference) i
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import tempfile
@@ -24,21 +29,26 @@ import onnx
 import torch
 from torch import nn
 
-from onnxport.core.errors import UsageError
 from onnxport.core.logs import Progress, captured_output, noop
 from onnxport.core.onnxfile import file_bytes, inline_limit, move_model, save_model
 from onnxport.core.records import FP32, Tolerance
 from onnxport.decoder.generation import step_feeds, stream_greedy
 from onnxport.decoder.layout import CachedDecoder, step_inputs
 from onnxport.decoder.prove import greedy, step_matrix
-from onnxport.decoder.records import CacheLayout, DecoderVariant, DecoderVariants
+from onnxport.decoder.records import DECODER_GATES, CacheLayout, DecoderVariant, DecoderVariants
+from onnxport.optimize import registry
+from onnxport.optimize.context import BuildOutcome, Skip
 from onnxport.optimize.graph import short_error
+from onnxport.optimize.passes import Budget, build_into, each_variant
+from onnxport.optimize.registry import BASELINE, DECODER, DECODER_VARIANTS, register, register_judge
+from onnxport.optimize.result import SkipReason
+from onnxport.prove.references import Refs, run_over
 from onnxport.runtime.sessions import CPU, session
 
-VARIANT_NAMES = ("export", "fused", "int8", "int4")
-FP32_VARIANTS = ("export", "fused")
-COSINE_MIN = 0.99  # lowest logit cosine over the step cases
-TOP1_MIN = 0.9  # teacher-forced top-1 agreement
+VARIANT_NAMES = (BASELINE, *DECODER_VARIANTS)
+FP32_VARIANTS = (BASELINE, "fused")
+COSINE_MIN = DECODER_GATES.cosine_min  # lowest logit cosine over the step cases
+TOP1_MIN = DECODER_GATES.top1_min  # teacher-forced top-1 agreement
 BLOCK_SIZE = 32  # MatMulNBits block (symmetric)
 ACCURACY_LEVEL = 4  # MatMulNBits computes with int8 activations: the fast CPU kernels
 JUDGE_TOKENS = 16
@@ -57,27 +67,29 @@ QUANT_LOGGER = "onnxruntime.quantization.matmul_nbits_quantizer"
 
 @dataclass(frozen=True)
 class References:
-    """What PyTorch gives, computed once for every variant: the step cases (feeds, outputs) and greedy tokens
-    for two prompts."""
+    """What PyTorch gives, computed once for every variant: the step cases (``steps``: feeds and outputs, the
+    cases labelled (batch, past, new)) and greedy tokens for two prompts."""
 
-    cases: tuple[tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]], ...]
+    steps: Refs
     prompts: np.ndarray  # [rows, prompt]
     tokens: np.ndarray  # [rows, new]: PyTorch's greedy tokens
 
 
 def references(model: nn.Module, layout: CacheLayout, *, tokens: int = JUDGE_TOKENS, seed: int = 0) -> References:
-    """PyTorch's outputs on every :func:`step_matrix` case and its greedy tokens for two random prompts."""
+    """PyTorch's outputs on every :func:`step_matrix` case and its greedy tokens for two random prompts, both
+    by :func:`onnxport.prove.references.run_over` (a step case PyTorch fails on is a UsageError: nothing to
+    judge against)."""
     wrapper = CachedDecoder(model, layout).eval()
-    cases = []
-    for i, (b, p, n) in enumerate(step_matrix(layout.max_length)):
-        feeds = step_inputs(layout, batch=b, past=p, new=n, seed=seed + i)
-        with torch.inference_mode():
-            want = tuple(t.float().numpy() for t in wrapper(*feeds))
-        cases.append((tuple(t.numpy() for t in feeds), want))
+    cases = tuple(step_matrix(layout.max_length))
+    feeds = tuple(step_inputs(layout, batch=b, past=p, new=n, seed=seed + i) for i, (b, p, n) in enumerate(cases))
     tokens = max(1, min(tokens, layout.max_length - 1))
     prompt = max(1, min(SPEED_PROMPT, layout.max_length - tokens))
     ids = torch.randint(0, max(layout.vocab, 1), (2, prompt), generator=torch.Generator().manual_seed(seed + 100))
-    return References(tuple(cases), ids.numpy(), torch_greedy(model, layout, ids, tokens))
+    outs = run_over(wrapper, feeds)
+    (greedy_tokens,) = run_over(functools.partial(torch_greedy, model, layout, new_tokens=tokens), [(ids,)])
+    if greedy_tokens is None or any(o is None for o in outs):
+        raise RuntimeError("PyTorch fails on the decoder's step cases or greedy loop")
+    return References(Refs(cases, feeds, outs), ids.numpy(), greedy_tokens[0])
 
 
 def torch_greedy(model: nn.Module, layout: CacheLayout, input_ids: torch.Tensor, new_tokens: int,
@@ -111,8 +123,8 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 def compare_cases(sess, layout: CacheLayout, refs: References, tolerance: Tolerance) -> tuple[float, bool, float]:
     """(max abs err over logits and presents, every case within ``tolerance``, lowest logit cosine)."""
     worst, strict, cosine = 0.0, True, 1.0
-    for feeds, want in refs.cases:
-        got = sess.run(list(layout.output_names), dict(zip(layout.input_names, feeds)))
+    for feeds, want in zip(refs.steps.inputs, refs.steps.outputs):
+        got = sess.run(list(layout.output_names), dict(zip(layout.input_names, (t.numpy() for t in feeds))))
         for g, w in zip(got, want):
             if g.shape != w.shape:
                 raise ValueError(f"shape {list(g.shape)} where PyTorch gives {list(w.shape)}")
@@ -177,14 +189,6 @@ def decode_speed(sess, layout: CacheLayout, *, batch: int = 1, prompt: int = SPE
 # --------------------------------------------------------------------------- building
 
 
-class NotBuilt(Exception):
-    """A variant that could not be made; ``notes`` say what was tried."""
-
-    def __init__(self, message: str, notes: Sequence[str] = ()) -> None:
-        super().__init__(message)
-        self.notes = tuple(notes)
-
-
 def op_counts(path: Path | onnx.ModelProto) -> Counter:
     """Node count per op type (``domain:op`` outside the ONNX domain), If/Loop bodies left out."""
     model = path if isinstance(path, onnx.ModelProto) else onnx.load(str(path), load_external_data=False)
@@ -244,7 +248,7 @@ STAGE_NAMES = ("onnxscript ort_fusions", "onnxruntime.transformers.optimizer", "
 
 def build_fused(src: Path, dst: Path, layout: CacheLayout, tmp: Path) -> tuple[str, ...]:
     """Each fusion stage on the previous one's result; a stage that fails or fuses nothing is noted and left
-    out. Nothing fused at all is :class:`NotBuilt`."""
+    out. Nothing fused at all is :class:`~onnxport.optimize.context.Skip`."""
     notes: list[str] = []
     current, counts = src, op_counts(src)
     for i, stage in enumerate(FUSION_STAGES):
@@ -262,7 +266,7 @@ def build_fused(src: Path, dst: Path, layout: CacheLayout, tmp: Path) -> tuple[s
         notes.append(f"{tool}: " + ", ".join(f"{op} +{n}" for op, n in sorted(gained.items())))
         current, counts = out, after
     if current == src:
-        raise NotBuilt("no fusion matched this graph", notes)
+        raise Skip("no fusion matched this graph", notes)
     move_model(current, dst)
     return tuple(notes)
 
@@ -347,10 +351,8 @@ def build_nbits(src: Path, dst: Path, bits: int) -> tuple[str, ...]:
     result = quantizer.model.model
     counts = op_counts(result)
     if not counts.get("com.microsoft:MatMulNBits"):
-        raise NotBuilt(f"no MatMul with a constant weight to quantize to {bits} bits")
-    tmp = dst.with_name(f".{dst.stem}.tmp.onnx")
-    save_model(result, tmp, _external(src))
-    move_model(tmp, dst)
+        raise Skip(f"no MatMul with a constant weight to quantize to {bits} bits")
+    save_model(result, dst, _external(src))  # dst: a temporary name (optimize.passes.build_into moves it)
     left = counts.get("MatMul", 0)
     return (f"MatMulNBits {bits}-bit, block {BLOCK_SIZE}, symmetric, accuracy level {ACCURACY_LEVEL}: "
             f"{counts['com.microsoft:MatMulNBits']} MatMul quantized ({left} left: no constant weight)"
@@ -371,29 +373,39 @@ def _quiet(name: str) -> Iterator[None]:
         logger.setLevel(level)
 
 
-def build(name: str, src: Path, vdir: Path, tmp: Path, layout: CacheLayout) -> tuple[Path, tuple[str, ...]]:
-    """Make variant ``name`` of ``src`` in ``vdir`` (written elsewhere, then moved into place)."""
-    if name == "export":
-        return src, ("the proven export itself",)
-    dst = vdir / f"{name}.onnx"
-    for stale in (dst, dst.with_name(dst.name + ".data")):
-        stale.unlink(missing_ok=True)
-    if name == "fused":
-        return dst, build_fused(src, dst, layout, tmp)
-    return dst, build_nbits(src, dst, int(name.removeprefix("int")))
+@dataclass(frozen=True)
+class DecoderBuild:
+    """What a decoder variant's builder is given: the cache layout and a scratch folder."""
+
+    layout: CacheLayout
+    tmp: Path
+
+
+def _fused(src: Path, dst: Path, ctx: DecoderBuild) -> BuildOutcome:
+    return BuildOutcome(notes=build_fused(src, dst, ctx.layout, ctx.tmp))
+
+
+def _nbits(bits: int, src: Path, dst: Path, ctx: DecoderBuild) -> BuildOutcome:
+    return BuildOutcome(notes=build_nbits(src, dst, bits))  # looked up when called (tests replace it)
+
+
+register(DECODER, "fused", _fused)
+register(DECODER, "int8", functools.partial(_nbits, 8))
+register(DECODER, "int4", functools.partial(_nbits, 4))
 
 
 # --------------------------------------------------------------------------- the variants
 
 
 def judge(name: str, path: Path, layout: CacheLayout, refs: References, tolerance: Tolerance,
-          threads: int | None, notes: tuple[str, ...] = ()) -> DecoderVariant:
-    """Re-prove the variant at ``path`` against ``refs`` and time its decode at batch 1."""
+          threads: int | None, notes: tuple[str, ...] = (), *, prompt: int = SPEED_PROMPT) -> DecoderVariant:
+    """Re-prove the variant at ``path`` against ``refs`` and time its decode at batch 1 after a ``prompt``-token
+    prompt (the decoder kind's judge)."""
     sess = session(path, providers=[CPU], threads=threads)
     worst, strict, cosine = compare_cases(sess, layout, refs, tolerance)
     top1 = teacher_forced(sess, layout, refs.prompts, refs.tokens)
     steps = greedy_steps(sess, layout, refs.prompts, refs.tokens)
-    prompt = max(1, min(SPEED_PROMPT, layout.max_length - 2))
+    prompt = max(1, min(prompt, layout.max_length - 2))
     tokens = max(1, min(SPEED_TOKENS, layout.max_length - prompt - 1))
     prompt_s, tok_s = decode_speed(sess, layout, prompt=prompt, tokens=tokens)
     if name in FP32_VARIANTS:
@@ -406,36 +418,65 @@ def judge(name: str, path: Path, layout: CacheLayout, refs: References, toleranc
                           steps, int(refs.tokens.shape[1]), tok_s, prompt_s * 1000, why is None, why, notes)
 
 
-def _variant(name: str, src: Path, vdir: Path, tmp: Path, layout: CacheLayout, refs: References,
-             tolerance: Tolerance, threads: int | None) -> DecoderVariant:
+register_judge(DECODER, judge)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One decoder variant run's settings: where, against what, judged how."""
+
+    src: Path
+    vdir: Path
+    ctx: DecoderBuild
+    refs: References
+    tolerance: Tolerance
+    threads: int | None
+    prompt: int
+
+
+def _variant(name: str, run: _Run) -> DecoderVariant:
+    """Build variant ``name`` (:func:`~onnxport.optimize.passes.build_into`) and judge it; a variant that cannot
+    be made or run is recorded with why."""
+    judged = functools.partial(registry.judge(DECODER), name, layout=run.ctx.layout, refs=run.refs, tolerance=run.tolerance,
+                               threads=run.threads, prompt=run.prompt)
+    if name == BASELINE:
+        path, notes = run.src, ("the proven export itself",)
+    else:
+        made = build_into(registry.builder(DECODER, name), run.src, run.vdir / f"{name}.onnx", run.ctx)
+        if made.skip is not None:
+            return DecoderVariant(name, None, passed=False, error=f"not built: {made.skip}", notes=made.skip.notes,
+                                  skip_reason=made.skip.reason)
+        if made.outcome is None:
+            return DecoderVariant(name, None, passed=False, error=f"not built: {made.error}")
+        path, notes = made.file, made.outcome.notes
     try:
-        path, notes = build(name, src, vdir, tmp, layout)
-    except NotBuilt as e:
-        return DecoderVariant(name, None, passed=False, error=f"not built: {e}", notes=e.notes)
+        return judged(path=path, notes=notes)
     except Exception as e:  # noqa: BLE001 - a variant failing is recorded, the others go on
-        return DecoderVariant(name, None, passed=False, error=f"not built: {short_error(e)}")
-    try:
-        return judge(name, path, layout, refs, tolerance, threads, notes)
-    except Exception as e:  # noqa: BLE001
         return DecoderVariant(name, path, file_bytes(path) if path.is_file() else None,
                               passed=False, error=f"cannot run: {short_error(e)}", notes=notes)
 
 
 def variant_names(names: Sequence[str] | str | None) -> tuple[str, ...]:
-    """The variants to make, ``export`` (the baseline) always first; an unknown name is a UsageError."""
-    wanted = VARIANT_NAMES if names is None else tuple(
-        n.strip() for n in (names.split(",") if isinstance(names, str) else names) if n.strip())
-    unknown = [n for n in wanted if n not in VARIANT_NAMES]
-    if unknown:
-        raise UsageError(f"unknown decoder variant '{unknown[0]}'", f"choose from {', '.join(VARIANT_NAMES)}")
-    return ("export", *(n for n in VARIANT_NAMES[1:] if n in wanted))
+    """The variants to make, ``export`` (the baseline) always first (None, "all", "auto": every one); an unknown
+    name is a UsageError (:func:`onnxport.optimize.registry.parse_names` for the decoder kind)."""
+    if names is None or names in ("all", "auto", ["all"], ["auto"]):
+        wanted: Sequence[str] = DECODER_VARIANTS
+    else:
+        items = names.split(",") if isinstance(names, str) else list(names)
+        rest = [n.strip() for n in items if n.strip() and n.strip() != BASELINE]
+        wanted = registry.parse_names(rest, DECODER) if rest else []
+    return (BASELINE, *(n for n in DECODER_VARIANTS if n in wanted))
 
 
 def optimize_decoder(model: nn.Module, layout: CacheLayout, proven_path: str | Path, out_dir: str | Path, *,
                      names: Sequence[str] | str | None = None, tolerance: Tolerance = FP32,
-                     threads: int | None = None, progress: Progress = noop) -> DecoderVariants:
+                     threads: int | None = None, progress: Progress = noop, budget_s: float | None = None,
+                     seq: int | None = None) -> DecoderVariants:
     """Make each variant of the proven file at ``proven_path`` in ``out_dir/variants/``, re-prove it against
-    ``model`` and time it; a variant that cannot be made or run is recorded with why, never raised."""
+    ``model`` and time it; a variant that cannot be made or run is recorded with why, never raised.
+    ``budget_s``: no variant is started after that many seconds (recorded as skipped); ``threads``:
+    onnxruntime's threads for judging and timing; ``seq``: the prompt length decode speed is timed after."""
+    budget = Budget(time.perf_counter(), budget_s)
     wanted = variant_names(names)
     src = Path(proven_path)
     vdir = Path(out_dir) / "variants"
@@ -443,12 +484,20 @@ def optimize_decoder(model: nn.Module, layout: CacheLayout, proven_path: str | P
     progress("variants: PyTorch references for the step cases and teacher-forced tokens")
     model.eval()
     refs = references(model, layout)
-    made: list[DecoderVariant] = []
+    prompt = seq or SPEED_PROMPT
     with tempfile.TemporaryDirectory(prefix=".onnxport-variants-", dir=vdir) as tmp:
-        for name in wanted:
-            progress(f"variant {name}: building, proving against PyTorch and timing decode")
-            made.append(_variant(name, src, vdir, Path(tmp), layout, refs, tolerance, threads))
+        run = _Run(src, vdir, DecoderBuild(layout, Path(tmp)), refs, tolerance, threads, prompt)
+
+        def one(name: str, say: Progress) -> DecoderVariant:
+            say(f"variant {name}: building, proving against PyTorch and timing decode")
+            return _variant(name, run)
+
+        def skipped(name: str, why: str, reason: SkipReason) -> DecoderVariant:
+            return DecoderVariant(name, None, passed=False, error=why, skip_reason=reason)
+
+        # the export, like the plain path's baseline, is judged whatever the budget: the others are timed against it
+        made = [one(BASELINE, progress), *each_variant(wanted[1:], one, skipped, progress, budget)]
     with contextlib.suppress(OSError):
         if not any(vdir.iterdir()):
             os.rmdir(vdir)
-    return DecoderVariants(tuple(made), COSINE_MIN, TOP1_MIN, threads)
+    return DecoderVariants(tuple(made), COSINE_MIN, TOP1_MIN, threads, prompt=prompt)

@@ -19,30 +19,22 @@ from onnxport.bench import bench_sizes, sizes_at, stats, timed_blocks
 from onnxport.core.errors import UsageError
 from onnxport.core.logs import Progress, noop
 from onnxport.core.onnxfile import file_bytes
-from onnxport.core.records import FP16, FP32, Tolerance
+from onnxport.core.records import FP16, FP32, BatchInvariance, Tolerance
 from onnxport.core.samples import Case, make_inputs, validation_cases
+from onnxport.optimize import policy  # noqa: F401 - registers the MODEL kind's judge
 from onnxport.optimize.context import (
     BuildContext,
     Builder,
     BuildOutcome,
-    Skip,
     reference_outputs,
 )
 from onnxport.optimize.fusion import build_fused, transformer_params
-from onnxport.optimize.gpu import (
-    SessionBackend,
-    base_options,
-    build_cuda_graph,
-    build_tensorrt,
-    build_tf32,
-    needs_fixed_shapes,
-    open_for,
-    providers_for,
-)
-from onnxport.optimize.graph import build_ort, build_slim, file_facts, relative, replace_model, short_error
+from onnxport.optimize.gpu import build_cuda_graph, build_tensorrt, build_tf32
+from onnxport.optimize.graph import build_ort, build_slim, file_facts, relative, short_error
+from onnxport.optimize.passes import Budget, build_into, clearly_faster, each_variant, install_best
 from onnxport.optimize.plan import Plan, default_plan
-from onnxport.optimize.policy import prove
 from onnxport.optimize.precision import build_fp16
+from onnxport.optimize.registry import MODEL, builder, judge, register
 from onnxport.optimize.result import (
     ALL_VARIANTS,
     AUTO,
@@ -57,10 +49,16 @@ from onnxport.prove.samples import SampleRefs
 from onnxport.runtime.backends import OrtBackend, default_threads
 from onnxport.runtime.feeds import FeedMap
 from onnxport.runtime.sessions import CPU, TENSORRT
+from onnxport.runtime.variant_sessions import (
+    SessionBackend,
+    base_options,
+    needs_fixed_shapes,
+    open_for,
+    providers_for,
+)
 from onnxport.sources.base import LoadedModel
 
 TIMING_MEMORY_BYTES = 4 * 1024**3  # above this much ONNX on disk, variants are timed one at a time
-MIN_GAIN = 1.05  # a variant must beat the plain export by 5% in the side-by-side timing to replace it
 
 Latencies = dict[str, dict[str, float]]  # p50 ms per variant name and batch
 
@@ -200,7 +198,7 @@ def _confirm(final: list[Variant], timed: dict[str, Path], timing: _Timing,
     """The fastest passing variant, confirmed against the export alone (None when the confirmation does not
     back it), and ``final`` with the confirmed speedup in its details."""
     best = select_best([v for v in final if v.passed])
-    if best is not None and best.name != BASELINE and best.speedup and best.speedup >= MIN_GAIN:
+    if best is not None and best.name != BASELINE and clearly_faster(best.speedup):
         # the round-robin over every variant gives each few runs: confirm the winner against the export alone,
         # longer, before it replaces the export (a noisy machine otherwise picks a slower file)
         say(f"confirming {best.name} against the plain export")
@@ -210,9 +208,9 @@ def _confirm(final: list[Variant], timed: dict[str, Path], timing: _Timing,
         confirmed = round(b1 / m1, 3) if b1 and m1 else None
         best = replace(best, details={**best.details, "confirmed_speedup": confirmed})
         final = [best if v.name == best.name else v for v in final]
-        if not (confirmed and confirmed >= MIN_GAIN):
+        if not clearly_faster(confirmed):
             best = None
-    if best is None or best.name == BASELINE or not (best.speedup and best.speedup >= MIN_GAIN):
+    if best is None or best.name == BASELINE or not (clearly_faster(best.speedup)):
         best = final[0] if final[0].passed else None
     return final, best
 
@@ -220,8 +218,9 @@ def _confirm(final: list[Variant], timed: dict[str, Path], timing: _Timing,
 # --------------------------------------------------------------------------- building
 
 
-def _build_fused_int8(src: Path, dst: Path, ctx: BuildContext, fused: Path | None) -> BuildOutcome:
+def _build_fused_int8(src: Path, dst: Path, ctx: BuildContext) -> BuildOutcome:
     """int8 of the ``fused`` variant (built here, in a temporary folder, when it was not asked for)."""
+    fused = ctx.built.get("fused")
     if fused is not None:
         return build_int8_searched("fused+int8", fused, dst, ctx)
     with tempfile.TemporaryDirectory(prefix="onnxport-fused-") as tmp:
@@ -230,23 +229,25 @@ def _build_fused_int8(src: Path, dst: Path, ctx: BuildContext, fused: Path | Non
         return build_int8_searched("fused+int8", tmp_fused, dst, ctx)
 
 
+def _build_cuda_graph(src: Path, dst: Path, ctx: BuildContext) -> BuildOutcome:
+    """A CUDA graph of the fastest file proven so far (the export among them)."""
+    return build_cuda_graph(src, dst, ctx, {"export": src, **ctx.passed}, fastest=ctx.fastest)
+
+
 BUILDERS: dict[str, Builder] = {
     "slim": build_slim, "ort": build_ort, "fused": build_fused, "fp16": build_fp16,
-    "int8": functools.partial(build_int8_searched, "int8"), "tf32": build_tf32, "tensorrt": build_tensorrt,
+    "int8": functools.partial(build_int8_searched, "int8"), "fused+int8": _build_fused_int8, "tf32": build_tf32,
+    "tensorrt": build_tensorrt, "cuda-graph": _build_cuda_graph,
 }
+for _name, _builder in BUILDERS.items():
+    register(MODEL, _name, _builder)
 
 
-def build_variant(name: str, src: Path, dst: Path, ctx: BuildContext, built: Mapping[str, Path],
-                  passed: Mapping[str, Path] | None = None, timing: _Timing | None = None) -> BuildOutcome:
-    """Write variant ``name`` of ``src`` to ``dst``; ``built``: the variants already written (fused+int8
-    starts from ``fused``); ``passed``: the files already proven, and ``timing`` to pick the fastest of them
-    (cuda-graph captures one). Raises Skip when the variant does not apply."""
-    if name == "fused+int8":
-        return _build_fused_int8(src, dst, ctx, built.get("fused"))
-    if name == "cuda-graph":
-        return build_cuda_graph(src, dst, ctx, {"export": src, **(passed or {})},
-                                fastest=timing.fastest if timing is not None else None)
-    return BUILDERS[name](src, dst, ctx)
+def build_variant(name: str, src: Path, dst: Path, ctx: BuildContext) -> BuildOutcome:
+    """Write variant ``name`` of ``src`` to ``dst`` with its registered builder (``ctx.built``: the variants
+    already written, fused+int8 starts from ``fused``; ``ctx.passed`` and ``ctx.fastest``: the files already
+    proven and how to pick the fastest, cuda-graph captures one). Raises Skip when the variant does not apply."""
+    return builder(MODEL, name)(src, dst, ctx)
 
 
 def _opener(ctx: BuildContext, options: dict | None, out: Path):
@@ -261,53 +262,46 @@ def _baseline(model_path: Path, out: Path, ctx: BuildContext) -> Variant:
     """The plain export, proven like every variant (no divergence: it was proven when exported)."""
     ctx.progress("proving the plain export (baseline)")
     t0 = time.perf_counter()
-    proof = prove(ctx.loaded, BASELINE, model_path, ctx.refs, ctx.tolerance, ctx.samples, _opener(ctx, None, out))
+    proof = judge(MODEL)(ctx.loaded, BASELINE, model_path, ctx.refs, ctx.tolerance, ctx.samples,
+                         _opener(ctx, None, out))
     return Variant(BASELINE, relative(model_path, out), prove_seconds=time.perf_counter() - t0,
                    batch_invariant=_batch_invariance(ctx, BASELINE, model_path),
                    session_options=base_options(ctx.device),
-                   **file_facts(model_path), **replace(proof, divergence=None).variant_fields())
+                   **file_facts(model_path), **replace(proof, divergence=None, divergence_error=None).variant_fields())
 
 
-def _variant(name: str, src: Path, dst: Path, out: Path, ctx: BuildContext, built: Mapping[str, Path],
-             passed: Mapping[str, Path] | None = None, timing: _Timing | None = None) -> Variant:
+def _variant(name: str, src: Path, dst: Path, out: Path, ctx: BuildContext) -> Variant:
     """Build variant ``name`` into ``dst`` and prove it (a builder that crashes gives a failed variant)."""
     ctx.progress(f"variant {name}: building")
-    for stale in (dst, dst.parent / (dst.name + ".data")):
-        stale.unlink(missing_ok=True)
-    t0 = time.perf_counter()
-    try:
-        outcome = build_variant(name, src, dst, ctx, built, passed, timing)
-    except Skip as e:
-        return Variant(name, None, False, reason=str(e), skipped=str(e), build_seconds=time.perf_counter() - t0)
-    except Exception as e:  # noqa: BLE001 - a tool that crashes is a failed variant, not a crash
-        return Variant(name, None, False, reason=f"building failed: {short_error(e)}",
-                       build_seconds=time.perf_counter() - t0)
-    build_s = time.perf_counter() - t0
+    made = build_into(builder(MODEL, name), src, dst, ctx)
+    if made.skip is not None:
+        return Variant.skip(name, str(made.skip), made.skip.reason, made.seconds)
+    if made.outcome is None:
+        return Variant(name, None, False, reason=f"building failed: {made.error}", build_seconds=made.seconds)
+    outcome, file = made.outcome, made.file
     ctx.progress(f"variant {name}: proving against PyTorch")
     t1 = time.perf_counter()
-    file = outcome.path or dst
     opener = _opener(ctx, outcome.session_options, out)
     proof = (outcome.proof if outcome.proof is not None
-             else prove(ctx.loaded, outcome.policy or name, file, ctx.refs, ctx.tolerance, ctx.samples, opener))
+             else judge(MODEL)(ctx.loaded, outcome.policy or name, file, ctx.refs, ctx.tolerance, ctx.samples,
+                               opener))
     prove_s = outcome.prove_seconds + time.perf_counter() - t1
-    build_s -= outcome.prove_seconds
     # a file run with other provider options: its batch invariance is the file's, checked where it was built
     invariant = _batch_invariance(ctx, name, dst) if proof.passed and outcome.path is None else None
-    return Variant(name, relative(file, out), build_seconds=build_s, prove_seconds=prove_s,
+    return Variant(name, relative(file, out), build_seconds=made.seconds, prove_seconds=prove_s,
                    details=outcome.details, batch_invariant=invariant,
                    session_options=outcome.session_options or base_options(ctx.device),
                    **file_facts(file), **proof.variant_fields())
 
 
-def _batch_invariance(ctx: BuildContext, name: str, path: Path) -> dict | None:
+def _batch_invariance(ctx: BuildContext, name: str, path: Path) -> BatchInvariance | None:
     """The batching case of a variant's proof (fp16 within its own tolerance, every other one within fp32's)."""
     ctx.progress(f"variant {name}: each row alone against the same row inside a batch")
     try:
         result = batching.check(ctx.loaded, path, tolerance=FP16 if "fp16" in name else FP32)
     except Exception as e:  # noqa: BLE001 - a file that cannot run at the batch size is not batch-safe
-        return {"rows": 0, "passed": False, "max_abs_diff": None, "worst_row": None, "applicable": True,
-                "reason": f"the batched run failed: {short_error(e)}"}
-    return result.to_dict() if result.applicable else None
+        return BatchInvariance(0, False, float("nan"), None, True, f"the batched run failed: {short_error(e)}")
+    return result if result.applicable else None
 
 
 # --------------------------------------------------------------------------- entry point
@@ -317,7 +311,7 @@ def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path, *
              names: Sequence[str] | str | None = None, tolerance: Tolerance = FP32, cases: list[Case] | None = None,
              progress: Progress | None = None, bench_batches: Sequence[int] = (1, 8), bench_seq: int | None = None,
              bench_seconds: float = 1.5, budget_s: float | None = None, device: str = "cpu",
-             samples: SampleRefs | None = None) -> OptimizeResult:
+             samples: SampleRefs | None = None, threads: int | None = None) -> OptimizeResult:
     """Build the ``names`` variants of ``model_path`` under OUT/variants/, prove each against PyTorch, time
     them interleaved with the plain export, and copy the fastest passing one (or the export) to OUT/best.onnx.
 
@@ -331,9 +325,10 @@ def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path, *
     ``device`` "cuda": the variants are proven and timed on the GPU providers (IO binding), the GPU variants
     (tf32, tensorrt, cuda-graph; optimize/gpu.py) can be built, and each variant records the session options
     it needs (``Variant.session_options``; the best's go to report.json ``best.session_options``).
+    ``threads``: onnxruntime's threads for the timing (default: the machine's).
     """
     say = progress or noop
-    t_start = time.perf_counter()
+    budget = Budget(time.perf_counter(), budget_s)
     wanted = parse_names(names)
     if device == "cuda" and names in (None, "all", ["all"]):
         wanted = list(ALL_VARIANTS)
@@ -342,62 +337,44 @@ def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path, *
     model_path, out = Path(model_path), Path(out_dir)
     if not model_path.is_file():
         raise UsageError(f"ONNX file not found: {model_path}", "pass the model.onnx that onnxport export wrote")
+    threads = threads or default_threads()
     if not plan.build:  # nothing can win here: no proof or timing to spend, the export is the model to deploy
         say("no variant to build for this model on this device (--variants all builds every one)")
-        skipped = tuple(Variant(n, None, False, reason=plan.skipped[n], skipped=plan.skipped[n])
-                        for n in ALL_VARIANTS if n in plan.skipped)
-        return OptimizeResult(skipped, None, None, default_threads(), timed_at=sizes_at(loaded, bench_seq))
+        skipped = tuple(Variant.skip(n, plan.skipped[n], plan.reason(n)) for n in ALL_VARIANTS if n in plan.skipped)
+        return OptimizeResult(skipped, None, None, threads, timed_at=sizes_at(loaded, bench_seq))
     vdir = out / "variants"
     vdir.mkdir(parents=True, exist_ok=True)
     refs = reference_outputs(loaded, cases if cases is not None else validation_cases(loaded.dims))
-    deadline = None if budget_s is None else t_start + budget_s
     timed_at = sizes_at(loaded, bench_seq)
-    ctx = BuildContext(loaded, tolerance, refs, transformer_params(loaded), say, deadline=deadline, samples=samples,
-                       device=device, out=out, timed_at=timed_at)
-    threads = default_threads()
     options: dict[str, dict] = {}
     timing = _Timing(loaded, bench_batches, bench_seq, bench_seconds, threads, options, out, device)
+    ctx = BuildContext(loaded, tolerance, refs, transformer_params(loaded), say, deadline=budget.deadline,
+                       samples=samples, device=device, out=out, timed_at=timed_at, fastest=timing.fastest)
     entries = [_baseline(model_path, out, ctx)]
     files = {BASELINE: model_path}
-    entries += _build_all(plan, model_path, vdir, out, ctx, t_start, files, timing)
+    entries += _build_all(plan, model_path, vdir, out, ctx, budget, files, timing)
     options.update({e.name: e.session_options for e in entries if e.session_options is not None})
 
     say("timing the variants against the plain export")
     timed = {e.name: files[e.name] for e in entries if e.name in files}
     final, best = _confirm(_timed(entries, *_latencies(timed, timing), timing.first_key), timed, timing, say)
-    best_path = None
-    if best is not None:
-        best_path = out / "best.onnx"
-        replace_model(timed[best.name], best_path)
+    best_path = install_best(timed[best.name], out) if best is not None else None
     return OptimizeResult(tuple(final), best, best_path, threads, timed_at=timed_at)
 
 
-def _build_all(plan: Plan, model_path: Path, vdir: Path, out: Path, ctx: BuildContext,
-               t_start: float, files: dict[str, Path], timing: _Timing) -> list[Variant]:
+def _build_all(plan: Plan, model_path: Path, vdir: Path, out: Path, ctx: BuildContext, budget: Budget,
+               files: dict[str, Path], timing: _Timing) -> list[Variant]:
     """Every variant in :data:`ALL_VARIANTS` order: built and proven when the plan says so and the budget allows,
-    else listed as skipped with the reason. The progress line says which, and about how long is left.
+    else listed as skipped with the reason (:func:`~onnxport.optimize.passes.each_variant`).
     ``files`` gets the file each built variant runs (a GPU variant may run one built before)."""
     entries: list[Variant] = []
     built: dict[str, Path] = {}
     passed: dict[str, Path] = {}
-    todo = [n for n in ALL_VARIANTS if n in plan.build] + [n for n in plan.build if n not in ALL_VARIANTS]
-    spent: list[float] = []
-    for name in [n for n in ALL_VARIANTS if n in plan.build or n in plan.skipped]:
-        if name in plan.skipped:
-            entries.append(Variant(name, None, False, reason=plan.skipped[name], skipped=plan.skipped[name]))
-            continue
-        if ctx.deadline is not None and time.perf_counter() > ctx.deadline:
-            why = f"not built: the --budget of {ctx.deadline - t_start:.0f} s was spent"
-            entries.append(Variant(name, None, False, reason=why, skipped=why))
-            continue
-        left = len(todo) - len(spent)
-        eta = f", about {sum(spent) / len(spent) * left:.0f} s left" if spent else ""
-        prefix = f"[{len(spent) + 1}/{len(todo)}{eta}] "
-        step = replace(ctx, progress=lambda message, prefix=prefix: ctx.progress(prefix + message))
-        t0 = time.perf_counter()
+
+    def run(name: str, say: Progress) -> Variant:
         timing.options.update({e.name: e.session_options for e in entries if e.session_options is not None})
-        entry = _variant(name, model_path, vdir / f"{name}.onnx", out, step, built, passed, timing)
-        spent.append(time.perf_counter() - t0)
+        step = replace(ctx, progress=say, built=dict(built), passed=dict(passed))
+        entry = _variant(name, model_path, vdir / f"{name}.onnx", out, step)
         entries.append(entry)
         if entry.path:
             inside = out / entry.path  # relative() names a file in OUT relative to it, any other as given
@@ -406,4 +383,9 @@ def _build_all(plan: Plan, model_path: Path, vdir: Path, out: Path, ctx: BuildCo
                 built[name] = files[name]
                 if entry.passed:
                     passed[name] = files[name]
-    return entries
+        return entry
+
+    names = [n for n in ALL_VARIANTS if n in plan.build or n in plan.skipped]
+    planned_out = {n: (plan.skipped[n], plan.reason(n)) for n in names if n in plan.skipped}
+    return each_variant(names, run, lambda n, why, reason: Variant.skip(n, why, reason), ctx.progress, budget,
+                        planned_out)

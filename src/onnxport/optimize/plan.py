@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from onnxport.optimize.fusion import transformer_params
 from onnxport.optimize.gpu import tensorrt_missing
-from onnxport.optimize.result import ALL_VARIANTS, VARIANTS
+from onnxport.optimize.result import ALL_VARIANTS, VARIANTS, SkipReason
 from onnxport.sources.base import LoadedModel
 
 FP16_FLAGS = ("avx512_fp16", "amx_fp16")  # CPU features with native fp16 arithmetic
@@ -46,6 +46,11 @@ class Plan:
 
     build: tuple[str, ...]
     skipped: dict[str, str] = field(default_factory=dict)
+    cannot: frozenset[str] = frozenset()  # skipped because this machine cannot build or run them
+
+    def reason(self, name: str) -> SkipReason:
+        """Why ``name`` is left out, as a :class:`SkipReason`."""
+        return SkipReason.NOT_BUILT if name in self.cannot else SkipReason.NOT_PLANNED
 
 
 def _kind(loaded: LoadedModel) -> str:
@@ -74,7 +79,7 @@ def default_plan(loaded: LoadedModel, device: str = "cpu", cpu_flags: Sequence[s
         no_trt = tensorrt_missing(providers, tensorrt_loadable)
         if no_trt:
             why["tensorrt"] = f"not built: {no_trt}"
-        return _plan(why, ALL_VARIANTS)
+        return _plan(why, ALL_VARIANTS, frozenset({"tensorrt"} if no_trt else ()))
     if not any(f in cpu_flags for f in FP16_FLAGS):
         why["fp16"] = ("not built by default: this CPU has no native fp16 arithmetic (no AVX512-FP16/AMX-FP16), "
                        "so fp16 runs through casts, slower than fp32")
@@ -95,7 +100,8 @@ def default_plan(loaded: LoadedModel, device: str = "cpu", cpu_flags: Sequence[s
     return _plan(why)
 
 
-def _plan(why: dict[str, str], names: tuple[str, ...] = VARIANTS) -> Plan:
-    """The ``names`` (the GPU variants only on a GPU) not ruled out by ``why``."""
+def _plan(why: dict[str, str], names: tuple[str, ...] = VARIANTS, cannot: frozenset[str] = frozenset()) -> Plan:
+    """The ``names`` (the GPU variants only on a GPU) not ruled out by ``why`` (``cannot``: those this machine
+    cannot build)."""
     hint = " (--variants all builds it)"
-    return Plan(tuple(n for n in names if n not in why), {n: w + hint for n, w in why.items()})
+    return Plan(tuple(n for n in names if n not in why), {n: w + hint for n, w in why.items()}, cannot)

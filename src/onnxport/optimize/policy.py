@@ -25,14 +25,16 @@ from typing import Any
 import numpy as np
 
 from onnxport.core.errors import UsageError
-from onnxport.core.records import FP16, TF32, Failure, ParityResult, Tolerance, finite
-from onnxport.optimize.context import Refs
+from onnxport.core.records import FP16, TF32, Divergence, Failure, ParityResult, Tolerance, finite
+from onnxport.optimize.gates import COSINE_MIN, TOP1_MIN
 from onnxport.optimize.graph import short_error
-from onnxport.optimize.result import COSINE_MIN, TOP1_MIN, Metric, Proof
+from onnxport.optimize.registry import MODEL, register_judge
+from onnxport.optimize.result import Metric, Proof, SampleJudgement
 from onnxport.prove import localize
 from onnxport.prove import samples as proving_samples
 from onnxport.prove.compare import mean_pool, row_cosines, task_kind
 from onnxport.prove.parity import compare
+from onnxport.prove.references import Refs
 from onnxport.prove.samples import SampleRefs
 from onnxport.runtime.feeds import FeedMap
 from onnxport.runtime.sessions import session
@@ -97,12 +99,12 @@ def metric_margin(metrics: Sequence[Metric]) -> float:
     return min((m.value - m.threshold) if m.value is not None else -1.0 for m in metrics)
 
 
-def _headline(metrics: Sequence[Metric]) -> dict | None:
+def _headline(metrics: Sequence[Metric]) -> Metric | None:
     """The entry's ``metric``: the failing one if any, else the first."""
     if not metrics:
         return None
     bad = [m for m in metrics if not m.passed]
-    return (bad[0] if bad else metrics[0]).to_dict()
+    return bad[0] if bad else metrics[0]
 
 
 # --------------------------------------------------------------------------- proving
@@ -152,7 +154,7 @@ def sample_metrics(agreement: dict, cosine_min: float = COSINE_MIN, top1_min: fl
 
 
 def judge_samples(loaded: LoadedModel, name: str, sess, samples: SampleRefs,
-                  tolerance: Tolerance) -> tuple[dict, list[str]]:
+                  tolerance: Tolerance) -> tuple[SampleJudgement, list[str]]:
     """Variant ``name`` on the user's samples under its policy: (report ``variants[].samples``, why it fails there).
 
     Elementwise variants must keep every sample within their tolerance; fp16 and int8 must keep the task metric
@@ -170,10 +172,8 @@ def judge_samples(loaded: LoadedModel, name: str, sess, samples: SampleRefs,
         reasons += [f"{m.name} {'n/a' if m.value is None else f'{m.value:.4f}'} below {m.threshold}"
                     for m in metrics if not m.passed]
     reasons = [f"on the samples of {proof.samples.file}: {r}" for r in reasons]
-    record = {"file": proof.samples.file, "count": proof.samples.count, "passed": not reasons,
-              "max_abs_err": finite(proof.max_abs_err), "failed": len(proof.failures),
-              "first_failure": proof.first_failure(), "metrics": [m.to_dict() for m in metrics],
-              "metric_decides": by_metric, "agreement": dict(proof.metrics)}
+    record = SampleJudgement(proof.samples.file, proof.samples.count, not reasons, finite(proof.max_abs_err),
+                             len(proof.failures), proof.first_failure(), metrics, by_metric, dict(proof.metrics))
     return record, reasons
 
 
@@ -187,21 +187,26 @@ def prove(loaded: LoadedModel, name: str, path: Path, refs: Refs, tolerance: Tol
     try:
         sess = opener(path) if opener is not None else session(path)
     except UsageError as e:
-        return Proof(passed=False, reason=e.message, tolerance=tol.to_dict())
+        return Proof(passed=False, reason=e.message, tolerance=tol)
     result: ParityResult = compare(loaded, path, cases=list(refs.cases), tolerance=tol, sess=sess)
     metrics = task_metrics(loaded, refs, sess)
     reasons = _reasons(result, metrics, tol, by_elements, by_metric and samples is None)
     on_samples, more = judge_samples(loaded, name, sess, samples, tolerance) if samples else (None, [])
     err = result.max_abs_err
-    return Proof(passed=not reasons and not more, reason="; ".join(reasons + more) or None, tolerance=tol.to_dict(),
+    found, why = _localize(loaded, path, refs, result, tol) if reasons else (None, None)
+    return Proof(passed=not reasons and not more, reason="; ".join(reasons + more) or None, tolerance=tol,
                  max_abs_err=float(err) if np.isfinite(err) else None, metrics=metrics, metric=_headline(metrics),
-                 divergence=None if not reasons else _localize(loaded, path, refs, result, tol), samples=on_samples)
+                 divergence=found, divergence_error=why, samples=on_samples)
 
 
-def _localize(loaded: LoadedModel, path: Path, refs: Refs, result: ParityResult, tol: Tolerance) -> dict | None:
+def _localize(loaded: LoadedModel, path: Path, refs: Refs, result: ParityResult,
+              tol: Tolerance) -> tuple[Divergence | None, str | None]:
+    """(where the failing case parts from PyTorch, why localizing it failed)."""
     failing = next((c for c, r in zip(refs.cases, result.cases) if not r.passed), refs.cases[0])
     try:
-        d = localize.find(loaded, path, failing, tol)
+        return localize.find(loaded, path, failing, tol), None
     except Exception as e:  # noqa: BLE001 - localization is best effort; the failure itself is reported
-        return {"error": short_error(e)}
-    return d.to_dict() if d else None
+        return None, short_error(e)
+
+
+register_judge(MODEL, prove)  # the plain path's judge: parity with PyTorch under the variant's policy

@@ -5,44 +5,34 @@ The ``to_dict``/``to_list`` methods write the report.json ``variants[]`` entries
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from onnxport.core.errors import UsageError
+from onnxport.core.records import BatchInvariance, Divergence, Tolerance, finite
+from onnxport.optimize.gates import COSINE_MIN, TOP1_MIN
+from onnxport.optimize.registry import ALL_VARIANTS, AUTO, BASELINE, GPU_VARIANTS, VARIANTS, parse_names
 
-VARIANTS = ("slim", "ort", "fused", "fp16", "int8", "fused+int8")
-GPU_VARIANTS = ("tf32", "tensorrt", "cuda-graph")  # --device cuda only: a file run with other provider options
-ALL_VARIANTS = VARIANTS + GPU_VARIANTS
-BASELINE = "export"
-COSINE_MIN = 0.99
-TOP1_MIN = 0.95
+__all__ = ["ALL_VARIANTS", "AUTO", "BASELINE", "COSINE_MIN", "GPU_VARIANTS", "ORT_LEVEL", "TOP1_MIN", "VARIANTS",
+           "Metric", "OptimizeResult", "Proof", "SampleJudgement", "SessionOptions", "SkipReason", "Variant",
+           "parse_names"]
+
 ORT_LEVEL = "extended"  # basic/extended graphs are portable; ORT_ENABLE_ALL layouts are hardware-specific
 
+# How a variant's file must be run (provider and its options, optimize/gpu.py). A plain dict for now: the one
+# place to switch to runtime's typed record.
+SessionOptions = dict[str, Any]
 
-AUTO = "auto"  # the variants that can win for the model on the device (optimize/plan.py)
 
+class SkipReason(str, enum.Enum):
+    """Why a variant was not built: what the report, the terminal and the HTML branch on (never the message)."""
 
-def parse_names(names: Sequence[str] | str | None) -> list[str] | str:
-    """The variant names asked for (a list or a comma-separated string; None or "all": every one of
-    :data:`VARIANTS`, and on ``--device cuda`` the :data:`GPU_VARIANTS` too), deduplicated in order; "auto":
-    :data:`AUTO`, the plan decides.
-
-    Raises UsageError for a name not in :data:`ALL_VARIANTS`.
-    """
-    if names is None or names == "all" or names == ["all"]:
-        return list(VARIANTS)
-    if names == AUTO or names == [AUTO]:
-        return AUTO
-    if isinstance(names, str):
-        names = list(names.split(","))
-    out = [n.strip() for n in names if n.strip()]
-    unknown = [n for n in out if n not in ALL_VARIANTS]
-    if unknown:
-        raise UsageError(f"unknown variant(s): {', '.join(unknown)}",
-                         f"choose from {', '.join(ALL_VARIANTS)}, or 'all', or 'auto'")
-    return list(dict.fromkeys(out))
+    NOT_APPLICABLE = "not-applicable"  # its builder found nothing to do for this model (Skip)
+    NOT_BUILT = "not-built"  # this machine cannot build or run it (a library or provider is missing)
+    BUDGET = "budget"  # --budget was spent before it started
+    NOT_PLANNED = "not-planned"  # the default plan leaves it out: it cannot win for this model here
 
 
 @dataclass(frozen=True)
@@ -61,6 +51,29 @@ class Metric:
 
 
 @dataclass(frozen=True)
+class SampleJudgement:
+    """A variant judged on the user's --samples under its policy (report ``variants[].samples``).
+    ``agreement`` is :func:`onnxport.prove.samples.agreement`'s free-form task summary."""
+
+    file: str
+    count: int
+    passed: bool
+    max_abs_err: float | None
+    failed: int
+    first_failure: str | None
+    metrics: tuple[Metric, ...] = ()
+    metric_decides: bool = False  # the task metric was judged here, not on the generated cases
+    agreement: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"file": self.file, "count": self.count, "passed": self.passed,
+                "max_abs_err": None if self.max_abs_err is None else finite(self.max_abs_err),
+                "failed": self.failed, "first_failure": self.first_failure,
+                "metrics": [m.to_dict() for m in self.metrics], "metric_decides": self.metric_decides,
+                "agreement": dict(self.agreement)}
+
+
+@dataclass(frozen=True)
 class Proof:
     """Parity of one file against PyTorch under the policy for its variant: the proof fields of a Variant.
 
@@ -69,54 +82,71 @@ class Proof:
 
     passed: bool
     reason: str | None = None
-    tolerance: dict | None = None
+    tolerance: Tolerance | None = None
     max_abs_err: float | None = None
     metrics: tuple[Metric, ...] = ()
-    metric: dict | None = None
-    divergence: dict | None = None
-    samples: dict | None = None  # the same policy on the user's --samples (report variants[].samples)
+    metric: Metric | None = None  # the headline: the failing one if any, else the first
+    divergence: Divergence | None = None
+    divergence_error: str | None = None  # why localizing the divergence failed
+    samples: SampleJudgement | None = None  # the same policy on the user's --samples
 
     def variant_fields(self) -> dict[str, Any]:
-        """The Variant keyword arguments (shallow: the Metric objects stay as they are)."""
+        """The Variant keyword arguments (shallow: the records stay as they are)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass(frozen=True)
 class Variant:
-    """One optimized file (or the plain export as baseline) and what proving and timing it found."""
+    """One optimized file (or the plain export as baseline) and what proving and timing it found.
+
+    ``details`` is the builder's free-form report detail (what it tried, the int8 search...), written as is."""
 
     name: str
     path: str | None  # relative to OUT when inside it
     passed: bool
     reason: str | None = None
-    skipped: str | None = None
+    skipped: str | None = None  # why it was not built, in words (``skip_reason`` says which kind of why)
     nodes: int | None = None
     bytes: int | None = None
     max_abs_err: float | None = None
-    metric: dict | None = None
+    metric: Metric | None = None
     metrics: tuple[Metric, ...] = ()
     latency_ms: dict[str, float] = field(default_factory=dict)
     speedup: float | None = None
     build_seconds: float = 0.0
     prove_seconds: float = 0.0
-    tolerance: dict | None = None
-    divergence: dict | None = None
+    tolerance: Tolerance | None = None
+    divergence: Divergence | None = None
     details: dict = field(default_factory=dict)
-    batch_invariant: dict | None = None  # prove.batching: each row alone == inside a batch
-    samples: dict | None = None  # judged on the user's --samples too (metrics, failing samples)
-    session_options: dict | None = None  # how the file must be run: provider and its options (optimize/gpu.py)
+    batch_invariant: BatchInvariance | None = None  # prove.batching: each row alone == inside a batch
+    samples: SampleJudgement | None = None  # judged on the user's --samples too (metrics, failing samples)
+    session_options: SessionOptions | None = None  # how the file must be run (optimize/gpu.py)
+    skip_reason: SkipReason | None = None
+    divergence_error: str | None = None  # localizing the divergence failed (report ``divergence.error``)
+
+    @classmethod
+    def skip(cls, name: str, why: str, reason: SkipReason, build_seconds: float = 0.0) -> Variant:
+        """A variant not built, with why in words and as a :class:`SkipReason`."""
+        return cls(name, None, False, reason=why, skipped=why, skip_reason=reason, build_seconds=build_seconds)
+
+    def _divergence(self) -> dict | None:
+        if self.divergence is not None:
+            return self.divergence.to_dict()
+        return {"error": self.divergence_error} if self.divergence_error else None
 
     def to_dict(self) -> dict:
         """The report.json ``variants[]`` entry."""
         return {"name": self.name, "path": self.path, "nodes": self.nodes, "bytes": self.bytes,
                 "passed": self.passed, "reason": self.reason, "skipped": self.skipped,
-                "max_abs_err": self.max_abs_err, "metric": self.metric,
+                "skip_reason": None if self.skip_reason is None else self.skip_reason.value,
+                "max_abs_err": self.max_abs_err, "metric": None if self.metric is None else self.metric.to_dict(),
                 "metrics": [m.to_dict() for m in self.metrics], "latency_ms": dict(self.latency_ms),
                 "speedup": self.speedup, "build_seconds": round(self.build_seconds, 3),
-                "prove_seconds": round(self.prove_seconds, 3), "tolerance": self.tolerance,
-                "divergence": self.divergence, "details": self.details,
-                **({"batch_invariant": self.batch_invariant} if self.batch_invariant is not None else {}),
-                **({"samples": self.samples} if self.samples is not None else {}),
+                "prove_seconds": round(self.prove_seconds, 3),
+                "tolerance": None if self.tolerance is None else self.tolerance.to_dict(),
+                "divergence": self._divergence(), "details": self.details,
+                **({"batch_invariant": self.batch_invariant.to_dict()} if self.batch_invariant is not None else {}),
+                **({"samples": self.samples.to_dict()} if self.samples is not None else {}),
                 **({"session_options": self.session_options} if self.session_options is not None else {})}
 
 

@@ -269,6 +269,7 @@ def build_int8_searched(name: str, src: Path, dst: Path, ctx: BuildContext) -> B
     proof_after = prove(ctx.loaded, name, dst, refs, ctx.tolerance, ctx.samples)
     spent = time.perf_counter() - t0
     sens = {"kept_fp32": list(found.kept), "of": found.search.candidates if found.search else 0,
-            "plain_int8_metric": proof.metric, "method": METHOD, "rounds": found.rounds,
+            "plain_int8_metric": None if proof.metric is None else proof.metric.to_dict(), "method": METHOD,
+            "rounds": found.rounds,
             "evaluations": found.evaluations, "search_seconds": round(time.perf_counter() - t_search - spent, 3)}
     return BuildOutcome({**details, "quantized_ops": list(QUANT_OPS), "sensitivity": sens}, proof_after, spent)

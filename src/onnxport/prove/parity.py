@@ -7,24 +7,15 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-import torch
-
 from onnxport.core.diagnostics import Diagnostic, error, info
 from onnxport.core.errors import UsageError
 from onnxport.core.records import FP32, CaseResult, DimCheck, Failure, ParityResult, Tolerance
 from onnxport.core.samples import Case, make_inputs, shapes_for, validation_cases
 from onnxport.prove.compare import judge
+from onnxport.prove.references import torch_outputs
 from onnxport.runtime.feeds import FeedMap
 from onnxport.runtime.sessions import session
 from onnxport.sources.base import LoadedModel
-
-
-def run_torch(loaded: LoadedModel, inputs: tuple[torch.Tensor, ...]) -> list[np.ndarray]:
-    with torch.inference_mode():
-        outs = loaded.flat(*inputs)
-    return [o.detach().cpu().float().numpy() if o.dtype == torch.bfloat16 else o.detach().cpu().numpy()
-            for o in outs]
 
 
 def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | None = None,
@@ -105,7 +96,7 @@ def _run_case(loaded: LoadedModel, sess, feed: FeedMap, case: Case, tolerance: T
                           seconds=time.perf_counter() - t0, failure=kind)
 
     try:
-        ref = run_torch(loaded, inputs)
+        ref = torch_outputs(loaded, inputs)
     except Exception as e:  # noqa: BLE001
         return failed(Failure.TORCH, f"PyTorch itself fails: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
     try:

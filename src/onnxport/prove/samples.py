@@ -17,8 +17,10 @@ import torch
 
 from onnxport.core.diagnostics import Diagnostic, error
 from onnxport.core.records import FP32, Tolerance, finite
+from onnxport.core.samples import Case
 from onnxport.prove.compare import cosine_agreement, judge, mean_pool, row_cosines, task_kind, topk_agreement
-from onnxport.prove.parity import run_torch, short_ort_error
+from onnxport.prove.parity import short_ort_error
+from onnxport.prove.references import Refs, run_each
 from onnxport.runtime.feeds import FeedMap
 from onnxport.runtime.sessions import session
 from onnxport.sources.base import LoadedModel
@@ -46,6 +48,13 @@ class SampleRefs:
     samples: SampleSet
     batches: tuple[SampleBatch, ...]
     batch_size: int
+
+    def as_refs(self) -> Refs:
+        """The batches PyTorch ran as :class:`~onnxport.prove.references.Refs` (the task metric and the int8
+        search read them like the generated cases)."""
+        ran = [b for b in self.batches if b.outputs is not None]
+        return Refs(tuple(Case(f"samples {b.indices[0]}..{b.indices[-1]}", {}, "samples") for b in ran),
+                    tuple(b.inputs for b in ran), tuple(list(b.outputs) for b in ran))
 
 
 @dataclass(frozen=True)
@@ -147,11 +156,9 @@ def references(loaded: LoadedModel, samples: SampleSet, want: int = BATCH) -> Sa
     batches = []
     for idx in groups(samples.count, size):
         tensors = stack(loaded, samples, idx)
-        try:
-            batches.append(SampleBatch(idx, tensors, tuple(run_torch(loaded, tensors))))
-        except Exception as e:  # noqa: BLE001 - PyTorch fails on the user's data: those samples fail
-            text = " ".join(str(e).split())[:200]
-            batches.append(SampleBatch(idx, tensors, None, f"PyTorch itself fails: {type(e).__name__}: {text}"))
+        (ran,) = run_each(loaded.flat, [tensors])  # PyTorch failing on the user's data: those samples fail
+        batches.append(SampleBatch(idx, tensors, None if ran.outputs is None else tuple(ran.outputs),
+                                   None if ran.error is None else f"PyTorch itself fails: {ran.error}"))
     return SampleRefs(samples, tuple(batches), size)
 
 

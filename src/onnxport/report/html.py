@@ -255,7 +255,7 @@ def _variant_samples(x: dict) -> str | None:
 def _variants_view(entries: list[dict]) -> list[dict]:
     """``variants[]`` with every key the table reads, and the result on the samples in words."""
     return [dict({"name": "?", "path": None, "nodes": None, "bytes": None, "passed": False, "max_abs_err": None,
-                  "metric": None, "latency_ms": None, "skipped": None}, **x, on_samples=_variant_samples(x)) for x in entries]
+                  "metric": None, "latency_ms": None, "skipped": None, "skip_reason": None}, **x, on_samples=_variant_samples(x)) for x in entries]
 
 
 def baseline_backend(backends: list[str]) -> str | None:

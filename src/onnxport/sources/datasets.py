@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxport.core.errors import BadSamples, UsageError, missing_dependency
+from onnxport.core.errors import BadSamples, UsageError, missing_dependency, one_line
 from onnxport.core.spec import InputSpec
 from onnxport.sources.base import LoadedModel
 from onnxport.sources.images import read_images
@@ -190,7 +190,7 @@ def _read_arrays(path: Path, loaded: LoadedModel, batched: bool) -> list[tuple[n
             with data:
                 arrays = {k: data[k] for k in data.files}
     except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
-        raise BadSamples(path, f"cannot be read as {path.suffix} ({_first_line(e)})",
+        raise BadSamples(path, f"cannot be read as {path.suffix} ({one_line(e, 200, typed=True)})",
                          "write it with numpy.savez(path, NAME=array, ...) or numpy.save") from None
     if "" in arrays:
         if len(names) != 1:
@@ -220,11 +220,6 @@ def _cast(path: Path, spec: InputSpec, arr: np.ndarray) -> np.ndarray:
         raise BadSamples(path, f"array '{spec.name}' is {arr.dtype}, the input is {spec.dtype}",
                          f"save it as a {want} array")
     return arr if spec.dtype == "bfloat16" else arr.astype(spec.dtype, copy=False)
-
-
-def _first_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())[:200]
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 # --------------------------------------------------------------------------- texts
@@ -276,7 +271,7 @@ def _tokenizer(path: Path, loaded: LoadedModel, given: str | Path | None):
     try:
         tok = transformers.AutoTokenizer.from_pretrained(where, local_files_only=True)
     except Exception as e:  # noqa: BLE001 - a folder without a usable tokenizer
-        raise UsageError(f"cannot load a tokenizer from {where} ({_first_line(e)})",
+        raise UsageError(f"cannot load a tokenizer from {where} ({one_line(e, 200, typed=True)})",
                          "pass --tokenizer DIR: a folder with tokenizer.json or vocab.txt and tokenizer_config.json",
                          code="samples-unreadable") from None
     return tok, where
@@ -313,7 +308,7 @@ def _read_texts(path: Path, loaded: LoadedModel, tokenizer: str | Path | None, b
         try:
             enc = tok(*texts, truncation=True, max_length=limit)
         except Exception as e:  # noqa: BLE001 - the tokenizer refuses this text
-            raise BadSamples(path, f"{at}: the tokenizer fails ({_first_line(e)})", "check the text on that line") from None
+            raise BadSamples(path, f"{at}: the tokenizer fails ({one_line(e, 200, typed=True)})", "check the text on that line") from None
         keys = keys or _token_inputs(path, loaded, list(enc.keys()))
         rows.append(tuple(np.asarray(enc[k], dtype=s.dtype) for k, s in zip(keys, loaded.inputs)))
         wheres.append(at)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from onnxport.core.diagnostics import Diagnostic
-from onnxport.core.errors import ConstrainedDims, SourceError, UsageError
+from onnxport.core.errors import ConstrainedDims, SourceError, UsageError, one_line
 from onnxport.core.samples import export_sizes, make_inputs
 from onnxport.core.spec import Dim, InputSpec, merge_dims
 from onnxport.sources.base import (
@@ -52,7 +52,7 @@ def finish(source: str, name: str, kind: str, model: nn.Module, specs: list[Inpu
     except SourceError:
         raise
     except Exception as e:  # noqa: BLE001 - a model that cannot run on its own inputs
-        first = " ".join(str(e).split())[:300]
+        first = one_line(e, 300)
         if isinstance(e, IndexError) and "index out of range" in first:
             raise _out_of_range(model, spec_t) from None
         _raise_if_constrained(flat, spec_t, resolved, list(resolved))
@@ -93,11 +93,11 @@ def _preflight(flat: nn.Module, specs: tuple[InputSpec, ...], dims: dict[str, Di
                 flat(*make_inputs(specs, sizes, seed=0))
         except Exception as e:  # noqa: BLE001
             _raise_if_constrained(flat, specs, dims, [sym])
-            first = " ".join(str(e).split())[:200]
+            first = one_line(e, 200, typed=True)
             where = ", ".join(f"'{s.name}' axis {s.shape.index(sym)}" for s in specs if sym in s.shape)
             raise UsageError(
                 f"dim '{sym}' ({where}) cannot vary: the PyTorch model fails with {sym}={alt} "
-                f"but runs with {sym}={base[sym]} ({type(e).__name__}: {first})",
+                f"but runs with {sym}={base[sym]} ({first})",
                 f"give that axis a fixed size in --input (e.g. {base[sym]}) or narrow the range with --dim",
             ) from None
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxport.core.errors import BadSamples, UsageError, missing_dependency
+from onnxport.core.errors import BadSamples, UsageError, missing_dependency, one_line
 from onnxport.core.spec import InputSpec
 from onnxport.sources.base import LoadedModel
 
@@ -60,7 +60,7 @@ def read_images(folder: Path, loaded: LoadedModel, preprocess: str | None, batch
             out = transform(img)
         except Exception as e:  # noqa: BLE001 - the transform (the user's own, often) fails on this image
             who = f"--preprocess {preprocess}" if preprocess else "the preprocessing"
-            raise BadSamples(folder, f"{f.name}: {who} raises {type(e).__name__}: {' '.join(str(e).split())[:160]}",
+            raise BadSamples(folder, f"{f.name}: {who} raises {one_line(e, 160, typed=True)}",
                              "check the image and the preprocessing function") from None
         rows.append((_as_array(folder, f, out, spec, len(dims)),))
     return rows, tuple(f.name for f in files), detail
@@ -75,7 +75,7 @@ def decode(folder: Path, f: Path, mode: str):
             img.load()
             return img.convert(mode)
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
-        raise BadSamples(folder, f"{f.name}: Pillow cannot decode it ({' '.join(str(e).split())[:160]})",
+        raise BadSamples(folder, f"{f.name}: Pillow cannot decode it ({one_line(e, 160)})",
                          "remove the file or replace it with a valid image") from None
 
 

@@ -1,0 +1,83 @@
+"""PyTorch's references: the one place where PyTorch is run over inputs whose outputs ONNX files are judged by.
+
+:func:`run_each` runs any torch callable over input tuples (inference mode, outputs as numpy, bf16 as float32),
+recording per tuple the outputs or why PyTorch failed; :func:`run_over` keeps the outputs (None where it
+raised). The plain path's :class:`Refs` of a case matrix (:func:`references`), the parity matrix
+(prove/parity.py), the user's samples (prove/samples.py) and the decoder's step cases and greedy tokens
+(decoder/variants.py) are all built with them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from onnxport.core.samples import Case, make_inputs
+from onnxport.sources.base import LoadedModel
+
+
+def as_numpy(x: Any) -> np.ndarray:
+    """One output as numpy (bf16, which numpy lacks, as float32)."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        return x.float().numpy() if x.dtype == torch.bfloat16 else x.numpy()
+    return np.asarray(x)
+
+
+@dataclass(frozen=True)
+class Ran:
+    """PyTorch on one input tuple: its outputs, or why it failed (``error``: ``Type: message``)."""
+
+    outputs: list[np.ndarray] | None
+    error: str | None = None
+
+
+def run_each(fn: Callable[..., Any], inputs: Sequence[tuple]) -> tuple[Ran, ...]:
+    """``fn(*args)`` for every tuple of ``inputs`` in inference mode, outputs as numpy; an exception is recorded,
+    never raised. A single tensor returned counts as one output."""
+    out = []
+    for args in inputs:
+        try:
+            with torch.inference_mode():
+                got = fn(*args)
+            seq = got if isinstance(got, (list, tuple)) else (got,)
+            out.append(Ran([as_numpy(o) for o in seq]))
+        except Exception as e:  # noqa: BLE001 - the caller reports PyTorch failing on these inputs
+            text = " ".join(str(e).split())[:200]
+            out.append(Ran(None, f"{type(e).__name__}: {text}" if text else type(e).__name__))
+    return tuple(out)
+
+
+def run_over(fn: Callable[..., Any], inputs: Sequence[tuple]) -> tuple[list[np.ndarray] | None, ...]:
+    """PyTorch's outputs of ``fn`` on every tuple of ``inputs`` (None where it raises)."""
+    return tuple(r.outputs for r in run_each(fn, inputs))
+
+
+def torch_outputs(loaded: LoadedModel, inputs: tuple[torch.Tensor, ...]) -> list[np.ndarray]:
+    """The loaded model's outputs on ``inputs`` (raises what PyTorch raises)."""
+    with torch.inference_mode():
+        outs = loaded.flat(*inputs)
+    return [as_numpy(o) for o in outs]
+
+
+@dataclass(frozen=True)
+class Refs:
+    """PyTorch outputs per case, computed once and shared by every variant (None: PyTorch failed there)."""
+
+    cases: tuple[Case, ...]
+    inputs: tuple[tuple, ...]
+    outputs: tuple[list[np.ndarray] | None, ...]
+
+    def pick(self, i: int) -> Refs:
+        """The references of case ``i`` alone."""
+        return Refs(self.cases[i:i + 1], self.inputs[i:i + 1], self.outputs[i:i + 1])
+
+
+def references(loaded: LoadedModel, cases: Sequence[Case]) -> Refs:
+    """The inputs of ``cases`` and PyTorch's outputs on them (None for a case PyTorch fails on: parity reports it)."""
+    ins = tuple(make_inputs(loaded.inputs, c.sizes, c.values, c.seed) for c in cases)
+    return Refs(tuple(cases), ins, run_over(loaded.flat, ins))
