@@ -1,5 +1,10 @@
 """The stage sequence: load → export → check → prove (→ localize) → optimize → bench, with the report
-written at each checkpoint. The façades in api.py call into it."""
+written at each checkpoint. The façades in api.py call into it.
+
+A run is a list of :class:`Stage` records per model kind — :data:`EXPORT_STAGES` (a model exported here),
+:data:`ADOPTED_STAGES` (an ONNX file given to ``compare``/``optimize``/``bench``), :data:`DECODER_STAGES` (a
+causal LM with its KV cache) — run by :func:`run_stages` on one :class:`Run`, which carries the run's
+:class:`~onnxport.core.options.Options` and the records made so far."""
 
 from __future__ import annotations
 
@@ -8,7 +13,8 @@ import dataclasses
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +24,17 @@ from onnxport.bench import sizes_at
 from onnxport.core.diagnostics import Diagnostic, error, info, warning
 from onnxport.core.errors import ConstrainedDims, ExportFailed, UsageError
 from onnxport.core.logs import Progress, noop
-from onnxport.core.onnxfile import copy_model, external_data_files, move_model, read_graph
-from onnxport.core.records import FP32, ExportResult, Failure, Tolerance
+from onnxport.core.onnxfile import external_data_files, move_model, read_graph
+from onnxport.core.options import (
+    QUICK_BENCH,
+    BenchOptions,
+    LoadOptions,
+    Options,
+    ProofOptions,
+    RuntimeOptions,
+)
+from onnxport.core.outdir import RESULT_FILES, output_folder, prepare_out
+from onnxport.core.records import BatchInvariance, ExportResult, Failure
 from onnxport.core.samples import validation_cases
 from onnxport.core.spec import Dim, InputSpec, parse_dim, parse_input
 from onnxport.decoder.tokenizer import save_tokenizer
@@ -36,207 +51,87 @@ from onnxport.runtime import ops
 from onnxport.sources import datasets, load, parse_model_args
 from onnxport.sources.base import LoadedModel
 
-RESULT_FILES = ("model.onnx", "model.onnx.data", "model.unverified.onnx", "model.unverified.onnx.data", "onnxport.log",
-                "best.onnx", "report.json", "report.html", "report.md")
-RESULT_DIRS = ("variants", "tokenizer")
 
-
-def prepare_out(out: str | Path, force: bool) -> Path:
-    """Create ``out``; refuse to overwrite earlier results unless ``force``; clear them with ``force``."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file", "name a directory for the results")
-    existing = [n for n in RESULT_FILES if (out / n).exists()] + [f"{d}/" for d in RESULT_DIRS if (out / d).exists()]
-    if existing and not force:
-        raise UsageError(f"{out} already holds results ({', '.join(existing[:3])})",
-                         "pass --force to overwrite them, or choose another --out")
-    make_out(out)
-    for name in existing:
-        target = out / name.rstrip("/")
-        if target.is_dir():
-            shutil.rmtree(target)
-        else:
-            target.unlink(missing_ok=True)
-    return out
-
-
-def make_out(out: Path) -> bool:
-    """Create the output folder (and its parents); True when it did not exist. A folder that cannot be
-    created is a UsageError naming the reason."""
-    out = Path(out)
-    if out.is_dir():
-        return False
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"cannot create the output folder {out}: {e.strerror or type(e).__name__}",
-                         "choose an --out folder in a place you can write to") from None
-    return True
-
-
-@contextlib.contextmanager
-def output_folder(out: str | Path, force: bool) -> Iterator[Path]:
-    """The output folder, checked before any slow work (earlier results kept unless ``force``; created, so
-    a folder that cannot be made fails at once); removed again when the run fails before writing anything."""
-    out = Path(out)
-    if out.exists() and not force:
-        prepare_out(out, force=False)  # earlier results: refused before the (slow) load
-    created = make_out(out)
-    try:
-        yield out
-    except BaseException:
-        if created and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()
-        raise
-
-
-def use_runtime(custom_op_libraries: Sequence[str | Path] = (), device: str = "cpu") -> None:
-    """Load compiled custom-op libraries into every later ONNX Runtime session; fail early (exit 4) when
-    ``device`` cannot be used here."""
-    runtime.configure(device)
-    for lib in custom_op_libraries or ():
+def use_runtime(options: RuntimeOptions) -> None:
+    """Fail early (exit 4) when ``options.device`` cannot be used here; load its compiled custom-op libraries
+    into the registry every later ONNX Runtime session reads (runtime.ops)."""
+    runtime.check_device(options.device)
+    for lib in options.custom_op_libraries:
         ops.add_library(lib)
 
 
-def run_pipeline(source: str, out: str | Path, *, inputs=None, dims=None, model_args=None, weights=None, task=None,
-              exporter: str = "auto", opset: int | None = None, tolerance: Tolerance = FP32, force: bool = False,
-              trust_remote_code: bool = False, command: str | None = None, progress: Progress = noop,
-              bench: dict | None = None, variants: str | Sequence[str] | None = None, seq: int | None = None,
-              custom_op_libraries: Sequence[str | Path] = (), device: str = "cpu", log_name: str | None = None,
-              budget: float | None = None, compare: Sequence[str] | dict[str, str] | None = None,
-              working_sizes: bool = False, samples: str | Path | None = None, tokenizer: str | Path | None = None,
-              preprocess: str | None = None, max_length: int | None = None) -> dict:
-    """Load ``source`` and run every stage into ``out`` (see :mod:`onnxport.api` for the arguments)."""
-    use_runtime(custom_op_libraries, device)
-    reading = _Samples(samples, tokenizer, preprocess)
-    if decoder.wants_cache(source, task) and not inputs:  # a causal LM: exported with its KV cache
-        return _run_decoder(source, out, force=force, progress=progress, opset=opset, tolerance=tolerance,
-                            command=command, log_name=log_name, trust_remote_code=trust_remote_code,
-                            max_length=max_length or decoder.MAX_LENGTH, variants=variants is not None)
-    if max_length is not None:
-        raise UsageError("--max-length applies to causal language models exported with their KV cache "
-                         "(hf:DIR of a *ForCausalLM)", "drop --max-length, or give --task text-generation")
-    with _loaded_into(out, force, source, progress, seq, reading, inputs=inputs, dims=dims, model_args=model_args,
-                      weights=weights, task=task, trust_remote_code=trust_remote_code,
-                      compare=compare, working_sizes=working_sizes) as (loaded, out, timings, given):
-        work = Path(tempfile.mkdtemp(prefix=".onnxport-", dir=out))
-        try:
-            return _run_stages(loaded, out, work, exporter=exporter, opset=opset, tolerance=tolerance,
-                               command=command, progress=progress, timings=timings, bench=bench, variants=variants,
-                               seq=seq, log_name=log_name, budget=budget, samples=given)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+# --------------------------------------------------------------------------- the state of one run
 
 
-@dataclasses.dataclass(frozen=True)
-class _Samples:
-    """What --samples, --tokenizer and --preprocess asked for (nothing read yet)."""
+@dataclass(frozen=True)
+class Run:
+    """What one run carries from stage to stage: its options, the loaded model and output folder, and the
+    records made so far (``outcome``: the report's records, None before the first one). A stage returns a
+    new Run; ``stopped`` ends the run after it (an export that failed: nothing left to prove)."""
 
-    path: str | Path | None = None
-    tokenizer: str | Path | None = None
-    preprocess: str | None = None
+    options: Options
+    loaded: LoadedModel
+    out: Path
+    progress: Progress = noop
+    timings: dict[str, float] = field(default_factory=dict)  # the finer timings (load, check, parity, …)
+    samples: datasets.SampleSet | None = None
+    work: Path | None = None  # a scratch folder in OUT, removed at the end
+    source_file: Path | None = None  # compare/optimize/bench: the user's ONNX file, proven in place
+    result: ExportResult | None = None
+    outcome: Outcome | None = None
+    sample_refs: proving_samples.SampleRefs | None = None
+    model_file: Path | None = None  # where the proven (or unproven) export now lies
+    stopped: bool = False
 
-    def check(self) -> None:
-        """The files exist (before the slow load); options without --samples are a usage error."""
-        if self.path is not None:
-            datasets.check_options(self.path, self.tokenizer, self.preprocess)
-        elif self.tokenizer is not None or self.preprocess is not None:
-            raise UsageError("--tokenizer and --preprocess read --samples, which is not given",
-                             "add --samples PATH, or drop them")
+    def but(self, **changes: Any) -> Run:
+        return dataclasses.replace(self, **changes)
 
-    def read(self, loaded: LoadedModel, progress: Progress) -> datasets.SampleSet | None:
-        if self.path is None:
-            return None
-        progress(f"reading the samples in {self.path}")
-        return datasets.read_samples(self.path, loaded, tokenizer=self.tokenizer, preprocess=self.preprocess)
+    @property
+    def proven(self) -> bool:
+        o = self.outcome
+        return (o is not None and self.result is not None
+                and status_of(self.result, o.check, o.parity, o.diagnostics) == "ok")
+
+    @property
+    def device(self) -> str:
+        return self.options.runtime.device
+
+    def providers(self) -> list:
+        """The provider chain of the run's device (ONNX Runtime's CPU provider on the CPU)."""
+        return runtime.runtime_providers(self.options.runtime)
 
 
-def _run_decoder(source: str, out: str | Path, *, force: bool, progress: Progress, opset: int | None,
-                 tolerance: Tolerance, command: str | None, log_name: str | None, trust_remote_code: bool,
-                 max_length: int = decoder.MAX_LENGTH, variants: bool = False) -> dict:
-    """A causal LM: one ONNX model with the KV cache as inputs and outputs, proven step by step and by greedy
-    generation against ``model.generate`` (:mod:`onnxport.decoder`); the model's tokenizer is copied to
-    OUT/tokenizer for serve's generate endpoint."""
-    with _loaded_into(out, force, source, progress, None, task="text-generation",
-                      trust_remote_code=trust_remote_code) as (loaded, out, timings, _):
+Step = Callable[[Run], Run]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a run: its name, what it does, whether the report is written after it, when it applies
+    (default: always), and whether its seconds go to the report's timings under its name (stages that time
+    their own parts — export, check, parity, localize — say False)."""
+
+    name: str
+    step: Step
+    checkpoint: bool = False
+    applies: Callable[[Run], bool] = lambda run: True
+    timed: bool = True
+
+
+def run_stages(stages: Sequence[Stage], run: Run) -> dict:
+    """Each stage that applies, in order, timed; the report written at each checkpoint; the last report."""
+    rep: dict = {}
+    for stage in stages:
+        if run.stopped or not stage.applies(run):
+            continue
         t = time.perf_counter()
-        made = decoder.run_model(loaded.model, out, opset=opset, tolerance=tolerance, progress=progress,
-                                 max_length=max_length, variants=variants,
-                                 new_tokens=max(1, min(decoder.prove.NEW_TOKENS, max_length - 4)))
-        timings["export_and_proof"] = time.perf_counter() - t
-        diags = list(loaded.diagnostics)
-        best = made.variants.best if made.variants is not None else None
-        if best is not None and best.name != "export" and best.path is not None:
-            copy_model(best.path, out / "best.onnx")  # what serve and triton take
-        if save_tokenizer(source.split(":", 1)[1], out) is not None:  # serve's generate then takes and gives text
-            diags.append(info("tokenizer-copied", "the model's tokenizer is in tokenizer/: serve's generate "
-                                                  "endpoint takes and returns text"))
-        outcome = decoder.to_outcome(made, loaded, command, diags, timings).but(log=log_name)
-        return _write(outcome.but(diagnostics=tuple(rootcause.rank(outcome.diagnostics, outcome.parity))), out)
-
-
-@contextlib.contextmanager
-def _loaded_into(out: str | Path, force: bool, source: str, progress: Progress, seq: int | None,
-                 reading: _Samples = _Samples(), **load_kw: Any
-                 ) -> Iterator[tuple[LoadedModel, Path, dict[str, float], datasets.SampleSet | None]]:
-    """The model loaded (its load time in the timings), --seq checked, the samples read and the output folder
-    ready: what every run does first, inside :func:`output_folder` so a failure leaves no empty folder and
-    touches no earlier result."""
-    timings: dict[str, float] = {}
-    reading.check()
-    t0 = time.perf_counter()
-    progress(f"loading {source}")
-    with output_folder(out, force) as folder:
-        loaded = load_model(source, **load_kw)
-        timings["load"] = time.perf_counter() - t0
-        _check_seq(loaded, seq)
-        t0 = time.perf_counter()
-        given = reading.read(loaded, progress)
-        if given is not None:
-            timings["samples_read"] = time.perf_counter() - t0
-        yield loaded, prepare_out(folder, force), timings, given
-
-
-def _check_seq(loaded: LoadedModel, seq: int | None) -> None:
-    """--seq needs a token input with a dynamic length inside its declared range (fails before any work)."""
-    if seq is None:
-        return
-    sizes = sizes_at(loaded, seq)
-    for sym, d in loaded.dims.items():
-        if sizes.get(sym) == seq and not d.min <= seq <= d.max:
-            raise UsageError(f"--seq {seq} is outside the declared range of '{sym}' ({d.min}..{d.max})",
-                             f"pick a length in {d.min}..{d.max}, or declare a wider range with -d {sym}=MIN..MAX")
-
-
-def _run_stages(loaded: LoadedModel, out: Path, work: Path, *, exporter: str, opset: int | None,
-                tolerance: Tolerance, command: str | None, progress: Progress, timings: dict,
-                bench: dict | None = None, variants: str | Sequence[str] | None = None, seq: int | None = None,
-                log_name: str | None = None, budget: float | None = None,
-                samples: datasets.SampleSet | None = None) -> dict:
-    diags: list[Diagnostic] = list(loaded.diagnostics) + diagnose.static_traps(loaded)
-    functions.discover_loaded(loaded)  # autograd.Functions with symbolic(): reported, and exported as their ops
-    progress(f"exporting ({exporter})")
-    t = time.perf_counter()
-    try:
-        result = run_export(loaded, work / "model.onnx", exporter=exporter, opset=opset)
-    except ExportFailed as e:
-        timings["export"] = time.perf_counter() - t
-        diags.extend(diagnose.enrich(list(e.diagnostics), loaded, ()))
-        diags.extend(diagnose.explain_attempts(e.attempts, loaded, failed=True))
-        diags.append(error("export-failed", e.message, hint=e.hint))
-        diags = rootcause.rank(diags)
-        return _write(Outcome(loaded, command, tuple(diags), dict(timings), attempts=e.attempts, log=log_name), out)
-    timings["export"] = time.perf_counter() - t
-    explained = diagnose.explain_attempts(result.attempts, loaded, failed=False)
-    kept = next((a for a in result.attempts if a.ok and a.exporter == result.exporter and not a.frozen), None)
-    if kept is not None and kept.exporter in CONTROL_FLOW:  # a strategy kept what the plain exporters could not
-        explained = [dataclasses.replace(d, severity="info") for d in explained]
-    diags.extend(explained)
-    diags.extend(result.diagnostics)
-    diags.extend(diagnose.lost_control_flow(result, loaded))
-    return _prove(loaded, result, out, diags, tolerance=tolerance, command=command, progress=progress,
-                  timings=timings, move_to_out=True, bench=bench, variants=variants, seq=seq, log_name=log_name,
-                  budget=budget, samples=samples)
+        run = stage.step(run)
+        if run.outcome is not None:
+            if stage.timed:
+                seconds = {**run.outcome.stage_seconds, stage.name: time.perf_counter() - t}
+                run = run.but(outcome=run.outcome.but(stage_seconds=seconds))
+            if stage.checkpoint or run.stopped:
+                rep = _write(run.outcome, run.out)
+    return rep
 
 
 def _write(outcome: Outcome, out: Path) -> dict:
@@ -246,96 +141,324 @@ def _write(outcome: Outcome, out: Path) -> dict:
     return rep
 
 
-def _prove(loaded: LoadedModel, result: ExportResult, out: Path, diags: list[Diagnostic], *, tolerance: Tolerance,
-           command: str | None, progress: Progress, timings: dict, move_to_out: bool, bench: dict | None = None,
-           extra_files: Sequence[str | Path] = (), variants: str | Sequence[str] | None = None,
-           seq: int | None = None, log_name: str | None = None, budget: float | None = None,
-           samples: datasets.SampleSet | None = None) -> dict:
-    """check + parity (+ localization on failure) of ``result.path`` and the proof on the samples, then the
-    variants and the benchmark; the report is written after each."""
-    outcome = _check_and_compare(loaded, result, diags, tolerance=tolerance, command=command, progress=progress,
-                                 timings=timings)
-    loaded, outcome = outcome.loaded, outcome.but(log=log_name)
-    outcome, sample_refs = _prove_samples(outcome, result, samples, tolerance, progress, timings)
-    ok = status_of(result, outcome.check, outcome.parity, outcome.diagnostics) == "ok"
-    if move_to_out:
-        final = out / ("model.onnx" if ok else "model.unverified.onnx")
-        move_model(result.path, final)
-        model_file, outcome = final, outcome.but(model_path=final.name)
-    else:
-        model_file, outcome = Path(result.path), outcome.but(model_path=str(result.path))
-    rep = _write(outcome, out)
-    if variants and ok:
-        progress("building and proving the optimized variants")
-        t = time.perf_counter()
-        opt = optimize.variants(loaded, model_file, out, names=variants, tolerance=tolerance, progress=progress,
-                                bench_seq=seq, budget_s=budget, device=runtime.config().device, samples=sample_refs)
-        outcome = outcome.but(optimized=opt, stage_seconds={**outcome.stage_seconds,
-                                                            "optimize": time.perf_counter() - t})
-        rep = _write(outcome, out)
-    if bench and ok:
-        progress("benchmarking PyTorch against ONNX Runtime")
-        t = time.perf_counter()
-        paths, own = _bench_backends(outcome, model_file, out, extra_files)
-        measured = bench_run(loaded, paths, progress=progress, extra_backends=own,
-                             **{"io_binding": runtime.config().device == "cuda", **bench})
-        outcome = outcome.but(benchmark=measured, stage_seconds={**outcome.stage_seconds,
-                                                                 "bench": time.perf_counter() - t})
-        rep = _write(outcome, out)
-    return rep
+# --------------------------------------------------------------------------- entries
 
 
-def _bench_backends(outcome: Outcome, model_file: Path, out: Path, extra_files: Sequence[str | Path]
-                    ) -> tuple[dict[str, Path], list]:
+def run_pipeline(source: str, out: str | Path, options: Options = Options(), progress: Progress = noop) -> dict:
+    """Load ``source`` and run every stage ``options`` asks for into ``out``; returns the report."""
+    wants_cache = decoder.wants_cache(source, options.load.task) and not options.load.inputs
+    options = _variants_of(options.checked(), optimize.DECODER if wants_cache else optimize.MODEL)
+    if wants_cache:
+        refuse_for_decoder(options)  # before the (slow) load
+    use_runtime(options.runtime)
+    if wants_cache:
+        with _loaded_into(out, source, options, progress, check_seq=False,
+                          task="text-generation", **_load_kw(options.load, task=False)) as run:
+            return run_stages(DECODER_STAGES, run)
+    if options.export.max_length is not None:
+        raise UsageError("--max-length applies to causal language models exported with their KV cache "
+                         "(hf:DIR of a *ForCausalLM)", "drop --max-length, or give --task text-generation")
+    with _loaded_into(out, source, options, progress, **_load_kw(options.load)) as run:
+        run = run.but(work=Path(tempfile.mkdtemp(prefix=".onnxport-", dir=run.out)))
+        try:
+            return run_stages(EXPORT_STAGES, run)
+        finally:
+            shutil.rmtree(run.work, ignore_errors=True)
+
+
+def compare_file(source: str, onnx_path: str | Path, out: str | Path, options: Options = Options(),
+                 progress: Progress = noop) -> dict:
+    """Prove any ONNX file (exported by onnxport or not) against the PyTorch model, localize a divergence; then
+    the variants and the benchmark ``options`` asks for (``options.bench.onnx_files``: more files to time)."""
+    options = _variants_of(options.checked(), optimize.MODEL)
+    use_runtime(options.runtime)
+    onnx_path = Path(onnx_path)
+    read_graph(onnx_path)  # a missing or broken file fails here, before the (slow) load
+    for extra in options.bench.onnx_files[1:] if options.bench else ():
+        read_graph(extra)
+    with _loaded_into(out, source, options, progress, **_load_kw(options.load)) as run:
+        if onnx_path.resolve().parent == run.out.resolve() and onnx_path.name in RESULT_FILES:
+            raise UsageError("the ONNX file lies in --out, where results are written", "choose another --out")
+        return run_stages(ADOPTED_STAGES, run.but(source_file=onnx_path))
+
+
+def _variants_of(options: Options, kind: str) -> Options:
+    """``options`` with the variant names checked for the model's ``kind`` (a name it has no builder for is a
+    UsageError before the load) and spelled as a tuple, or "auto"."""
+    names = options.optimize.variants
+    if names is None:
+        return options
+    parsed = optimize.parse_names(names, kind)
+    return options.but(optimize=dataclasses.replace(options.optimize, variants=parsed if isinstance(parsed, str)
+                                                    else tuple(parsed)))
+
+
+def refuse_for_decoder(options: Options) -> None:
+    """A causal LM exported with its KV cache takes the options that apply to it (opset, tolerance, variants,
+    budget, --seq as the timed prompt length, --threads, custom-op libraries); each other one is a UsageError
+    naming why, never silently ignored."""
+    load, ex, proof, bench = options.load, options.export, options.proof, options.bench
+    why = "a causal LM is exported with its KV cache"
+    refused = [("--dim", bool(load.dims), "its lengths are set by --max-length"),
+               ("--compare", bool(load.compare), "its proof compares logits and the cache, then generation"),
+               ("--working-sizes", load.working_sizes, "its lengths are set by --max-length"),
+               (f"--exporter {ex.exporter}", ex.exporter not in ("auto", "dynamo"),
+                "only the dynamo exporter keeps the cache's lengths dynamic"),
+               ("--samples", proof.samples is not None, "it is proven by greedy generation on random prompts"),
+               ("--tokenizer/--preprocess", proof.tokenizer is not None or proof.preprocess is not None,
+                "they read --samples"),
+               ("--device cuda", options.runtime.device != "cpu", "its proof and variants run on the CPU today"),
+               (_bench_label(bench, options.optimize.seq), _bench_label(bench, options.optimize.seq) is not None,
+                "its variants are timed by decode tokens/s in convert; benchmarks/decoder.py times PyTorch beside "
+                "them"),
+               (f"--seq {options.optimize.seq}", (options.optimize.seq or 0) >= (ex.max_length or decoder.MAX_LENGTH),
+                f"the timed prompt must leave room in --max-length {ex.max_length or decoder.MAX_LENGTH}")]
+    for option, given, reason in refused:
+        if given:
+            raise UsageError(f"{option} does not apply here: {why} ({reason})",
+                             "drop it, or give --input/--task to export the plain forward without a cache")
+
+
+_BENCH_FLAGS = {"batches": "--batch", "seq_lens": "--seq", "max_seconds": "--seconds", "tune_ort": "--tune",
+                "compile": "--compile", "io_binding": "--io-binding", "onnx_files": "MODEL.onnx files"}
+
+
+def _bench_label(bench: BenchOptions | None, seq: int | None) -> str | None:
+    """None when ``bench`` asks for no more than convert's short benchmark (whose only part a decoder takes is
+    ``threads``, the threads its variants are timed with; ``seq_lens`` (--seq,) is the timed prompt), else the
+    benchmark named with the options that ask for more."""
+    if bench is None:
+        return None
+    quick = dataclasses.replace(QUICK_BENCH, threads=bench.threads, seq_lens=(seq,) if seq else None)
+    if bench == quick:
+        return None
+    flags = [flag for name, flag in _BENCH_FLAGS.items() if getattr(bench, name) != getattr(quick, name)]
+    return "onnxport bench" + (f" ({', '.join(flags)})" if flags else "")
+
+
+def _load_kw(load: LoadOptions, task: bool = True) -> dict[str, Any]:
+    """:func:`load_model`'s keywords from the load options (``task`` False: the caller sets it)."""
+    kw = {f.name: getattr(load, f.name) for f in dataclasses.fields(load)}
+    if not task:
+        kw.pop("task")
+    return kw
+
+
+@contextlib.contextmanager
+def _loaded_into(out: str | Path, source: str, options: Options, progress: Progress, check_seq: bool = True,
+                 **load_kw: Any) -> Iterator[Run]:
+    """The model loaded (its load time in the timings), --seq checked, the samples read and the output folder
+    ready: what every run does first, inside :func:`output_folder` so a failure leaves no empty folder and
+    touches no earlier result."""
+    timings: dict[str, float] = {}
+    proof = options.proof
+    _check_samples(proof)
+    t0 = time.perf_counter()
+    progress(f"loading {source}")
+    with output_folder(out, options.force) as folder:
+        loaded = load_model(source, **load_kw)
+        timings["load"] = time.perf_counter() - t0
+        if check_seq:
+            _check_seq(loaded, options.optimize.seq)
+        given = None
+        if proof.samples is not None:
+            t0 = time.perf_counter()
+            progress(f"reading the samples in {proof.samples}")
+            given = datasets.read_samples(proof.samples, loaded, tokenizer=proof.tokenizer,
+                                          preprocess=proof.preprocess)
+            timings["samples_read"] = time.perf_counter() - t0
+        yield Run(options, loaded, prepare_out(folder, options.force), progress, timings, given)
+
+
+def _check_samples(proof: ProofOptions) -> None:
+    """The --samples files exist (before the slow load); --tokenizer/--preprocess without --samples is a
+    usage error."""
+    if proof.samples is not None:
+        datasets.check_options(proof.samples, proof.tokenizer, proof.preprocess)
+    elif proof.tokenizer is not None or proof.preprocess is not None:
+        raise UsageError("--tokenizer and --preprocess read --samples, which is not given",
+                         "add --samples PATH, or drop them")
+
+
+def _check_seq(loaded: LoadedModel, seq: int | None) -> None:
+    """--seq needs a token input with a dynamic length inside its declared range (fails before any work)."""
+    if seq is None or not loaded.dims:
+        return
+    sizes = sizes_at(loaded, seq)
+    for sym, d in loaded.dims.items():
+        if sizes.get(sym) == seq and not d.min <= seq <= d.max:
+            raise UsageError(f"--seq {seq} is outside the declared range of '{sym}' ({d.min}..{d.max})",
+                             f"pick a length in {d.min}..{d.max}, or declare a wider range with -d {sym}=MIN..MAX")
+
+
+# --------------------------------------------------------------------------- the stages
+
+
+def _export(run: Run) -> Run:
+    """The exporter chain into the scratch folder; a failure ends the run with the attempts and their causes."""
+    loaded, ex = run.loaded, run.options.export
+    diags: list[Diagnostic] = list(loaded.diagnostics) + diagnose.static_traps(loaded)
+    customs = functions.discover_loaded(loaded)  # autograd.Functions with symbolic(): reported, exported as their ops
+    run.progress(f"exporting ({ex.exporter})")
+    t = time.perf_counter()
+    try:
+        result = run_export(loaded, run.work / "model.onnx", exporter=ex.exporter, opset=ex.opset,
+                            device=run.device, gpu=run.options.runtime.gpu)
+    except ExportFailed as e:
+        run.timings["export"] = time.perf_counter() - t
+        diags.extend(diagnose.enrich(list(e.diagnostics), loaded, ()))
+        diags.extend(diagnose.explain_attempts(e.attempts, loaded, failed=True))
+        diags.append(error("export-failed", e.message, hint=e.hint))
+        outcome = Outcome(loaded, run.options.command, tuple(rootcause.rank(diags)), dict(run.timings),
+                          attempts=e.attempts, log=run.options.log_name, custom_functions=customs)
+        return run.but(outcome=outcome, stopped=True)
+    run.timings["export"] = time.perf_counter() - t
+    explained = diagnose.explain_attempts(result.attempts, loaded, failed=False)
+    kept = next((a for a in result.attempts if a.ok and a.exporter == result.exporter and not a.frozen), None)
+    if kept is not None and kept.exporter in CONTROL_FLOW:  # a strategy kept what the plain exporters could not
+        explained = [dataclasses.replace(d, severity="info") for d in explained]
+    diags.extend(explained)
+    diags.extend(result.diagnostics)
+    diags.extend(diagnose.lost_control_flow(result, loaded))
+    return run.but(result=result, outcome=Outcome(loaded, run.options.command, tuple(diags), dict(run.timings),
+                                                  custom_functions=customs))
+
+
+def _adopt(run: Run) -> Run:
+    """The user's ONNX file taken as the export to prove (it stays where it is)."""
+    path = run.source_file
+    model = read_graph(path)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    result = ExportResult(path, "external", int(opset), 0.0, (), bool(external_data_files(path)))
+    diags = tuple(run.loaded.diagnostics) + tuple(diagnose.static_traps(run.loaded))
+    return run.but(result=result, outcome=Outcome(run.loaded, run.options.command, diags, dict(run.timings)))
+
+
+def _prove(run: Run) -> Run:
+    """check + parity (+ localization on failure) of the export and its proof on the samples; a new export is
+    moved into OUT as model.onnx when proven, else model.unverified.onnx."""
+    outcome = _check_and_compare(run, list(run.outcome.diagnostics)).but(
+        log=run.options.log_name, stage_seconds=run.outcome.stage_seconds, custom_functions=run.outcome.custom_functions)
+    run = run.but(loaded=outcome.loaded, outcome=outcome)
+    run = _prove_samples(run)
+    if run.source_file is None:
+        final = run.out / ("model.onnx" if run.proven else "model.unverified.onnx")
+        move_model(run.result.path, final)
+        return run.but(model_file=final, outcome=run.outcome.but(model_path=final.name))
+    return run.but(model_file=run.result.path, outcome=run.outcome.but(model_path=str(run.result.path)))
+
+
+def _optimize(run: Run) -> Run:
+    opt = run.options.optimize
+    run.progress("building and proving the optimized variants")
+    made = optimize.variants(run.loaded, run.model_file, run.out, names=opt.variants, tolerance=run.options.proof.tolerance,
+                             progress=run.progress, bench_seq=opt.seq, budget_s=opt.budget, device=run.device,
+                             samples=run.sample_refs)
+    return run.but(outcome=run.outcome.but(optimized=made))
+
+
+def _bench(run: Run) -> Run:
+    b = run.options.bench
+    run.progress("benchmarking PyTorch against ONNX Runtime")
+    paths, own = _bench_backends(run)
+    measured = bench_run(run.loaded, paths, progress=run.progress, extra_backends=own, batches=b.batches,
+                         seq_lens=b.seq_lens, threads=b.threads, warmup=b.warmup, min_runs=b.min_runs,
+                         max_seconds=b.max_seconds, tune_ort=b.tune_ort, compile=b.compile,
+                         io_binding=run.device == "cuda" if b.io_binding is None else b.io_binding,
+                         device=run.device, providers=run.providers())
+    return run.but(outcome=run.outcome.but(benchmark=measured))
+
+
+def _wants_variants(run: Run) -> bool:
+    return run.options.optimize.enabled and run.proven
+
+
+def _wants_bench(run: Run) -> bool:
+    return run.options.bench is not None and run.proven
+
+
+EXPORT_STAGES: tuple[Stage, ...] = (
+    Stage("export", _export, timed=False), Stage("prove", _prove, checkpoint=True, timed=False),
+    Stage("optimize", _optimize, checkpoint=True, applies=_wants_variants),
+    Stage("bench", _bench, checkpoint=True, applies=_wants_bench),
+)
+ADOPTED_STAGES: tuple[Stage, ...] = (Stage("adopt", _adopt, timed=False), *EXPORT_STAGES[1:])
+
+
+def _decoder(run: Run) -> Run:
+    """A causal LM: one ONNX model with the KV cache as inputs and outputs, proven step by step and by greedy
+    generation against ``model.generate`` (:mod:`onnxport.decoder`), and its variants when asked for."""
+    o = run.options
+    max_length = o.export.max_length or decoder.MAX_LENGTH
+    made = decoder.run_model(run.loaded.model, run.out, opset=o.export.opset, tolerance=o.proof.tolerance,
+                             progress=run.progress, max_length=max_length,
+                             new_tokens=max(1, min(decoder.prove.NEW_TOKENS, max_length - 4)),
+                             variants=o.optimize.variants, budget_s=o.optimize.budget,
+                             threads=o.bench.threads if o.bench is not None else None, seq=o.optimize.seq)
+    diags = list(run.loaded.diagnostics)
+    if save_tokenizer(run.loaded.source.split(":", 1)[1], run.out) is not None:  # generate takes and gives text
+        diags.append(info("tokenizer-copied", "the model's tokenizer is in tokenizer/: serve's generate "
+                                              "endpoint takes and returns text"))
+    outcome = decoder.to_outcome(made, run.loaded, o.command, diags, run.timings).but(log=o.log_name)
+    return run.but(outcome=outcome.but(diagnostics=tuple(rootcause.rank(outcome.diagnostics, outcome.parity))))
+
+
+DECODER_STAGES: tuple[Stage, ...] = (Stage("export_and_proof", _decoder, checkpoint=True),)
+
+
+def _bench_backends(run: Run) -> tuple[dict[str, Path], list]:
     """The files the benchmark times, and the best variant as its own backend when it needs session options
     of its own (TF32, a CUDA graph, TensorRT): timed as it was proven, as serve and Triton run it."""
-    paths = {"onnxruntime": model_file, **{f"onnxruntime:{Path(p).stem}": Path(p) for p in extra_files}}
-    best = outcome.optimized.best if outcome.optimized is not None else None
+    extra = run.options.bench.onnx_files[1:] if run.source_file is not None else ()
+    paths = {"onnxruntime": run.model_file, **{f"onnxruntime:{Path(p).stem}": Path(p) for p in extra}}
+    optimized = run.outcome.optimized
+    best = optimized.best if optimized is not None else None
     if best is None:
         return paths, []
     label = f"onnxruntime:best ({best.name})"
     options = dict(best.session_options or {})
-    if not options or options == optimize.gpu.base_options(runtime.config().device):
-        return (paths if best.name == "export" else {**paths, label: out / "best.onnx"}), []
-    return paths, [optimize.gpu.SessionBackend(out / "best.onnx", optimize.open_for(options, out), label)]
+    if not options or options == optimize.gpu.base_options(run.device):
+        return (paths if best.name == "export" else {**paths, label: run.out / "best.onnx"}), []
+    return paths, [optimize.gpu.SessionBackend(run.out / "best.onnx", optimize.open_for(options, run.out), label)]
 
 
-def _prove_samples(outcome: Outcome, result: ExportResult, samples: datasets.SampleSet | None,
-                   tolerance: Tolerance, progress: Progress, timings: dict
-                   ) -> tuple[Outcome, proving_samples.SampleRefs | None]:
+def _prove_samples(run: Run) -> Run:
     """Every sample through PyTorch and ONNX Runtime (when ONNX Runtime loads the file): the outcome with the
     samples' proof (a failing sample is an error diagnostic), and PyTorch's outputs for the variants."""
+    outcome, samples = run.outcome, run.samples
     if samples is None or outcome.parity is None or outcome.parity.load_error:
-        return outcome, None
-    progress(f"proving on the {samples.count} samples of {samples.file}")
+        return run
+    run.progress(f"proving on the {samples.count} samples of {samples.file}")
     t = time.perf_counter()
     refs = proving_samples.references(outcome.loaded, samples)
-    proof = proving_samples.check(outcome.loaded, result.path, refs, tolerance)
-    timings["samples"] = time.perf_counter() - t
-    return outcome.but(samples=proof, diagnostics=(*outcome.diagnostics, *proving_samples.diagnostics(proof)),
-                       timings=dict(timings)), refs
+    proof = proving_samples.check(outcome.loaded, run.result.path, refs, run.options.proof.tolerance,
+                                  sess=runtime.session(run.result.path, providers=run.providers()))
+    run.timings["samples"] = time.perf_counter() - t
+    outcome = outcome.but(samples=proof, diagnostics=(*outcome.diagnostics, *proving_samples.diagnostics(proof)),
+                          timings=dict(run.timings))
+    return run.but(outcome=outcome, sample_refs=refs)
 
 
-def _check_and_compare(loaded: LoadedModel, result: ExportResult, diags: list[Diagnostic], *,
-                       tolerance: Tolerance, command: str | None, progress: Progress, timings: dict) -> Outcome:
+def _check_and_compare(run: Run, diags: list[Diagnostic]) -> Outcome:
     """The proof: structural check, branch coverage, parity on the case matrix, and the localization of the
-    first failing case. The returned outcome's ``loaded`` runs on the configured device."""
-    progress("checking the graph")
+    first failing case. The returned outcome's ``loaded`` runs on the run's device."""
+    loaded, result, tolerance, timings = run.loaded, run.result, run.options.proof.tolerance, run.timings
+    run.progress("checking the graph")
     t = time.perf_counter()
     checked = check(result.path, loaded.inputs, loaded.dims)
     timings["check"] = time.perf_counter() - t
     diags.extend(checked.diagnostics)
     diags = diagnose.enrich(diags, loaded, result.guards)
-    progress("proving parity with PyTorch")
+    run.progress("proving parity with PyTorch")
     t = time.perf_counter()
     cases = validation_cases(loaded.dims)
     diags.extend(diagnose.runtime_traps(loaded, cases[0]))
     extra, sites = branches.cover(loaded, result.path, cases, result.guards)
     cases += extra
-    placed, sess = _placed_session(result.path, checked.nodes)
+    placed, sess = _placed_session(run, checked.nodes)
     diags.extend(diagnose.placement(placed, result))
-    loaded = runtime.loaded_on_device(loaded, runtime.config().device)
-    with _strict_on_gpu():  # fp32 proven as fp32: TF32 off on both sides (onnxruntime's in GpuOptions)
+    loaded = runtime.loaded_on_device(loaded, run.device)
+    with _strict_on_gpu(run.device):  # fp32 proven as fp32: TF32 off on both sides (onnxruntime's in GpuOptions)
         parity = compare(loaded, result.path, cases=cases, tolerance=tolerance, dim_checks=checked.dynamic_dims,
                          sess=sess)
     del sess
@@ -345,49 +468,54 @@ def _check_and_compare(loaded: LoadedModel, result: ExportResult, diags: list[Di
     divergence = None
     failing = [(c, r) for c, r in zip(cases, parity.cases) if not r.passed and r.failure is not Failure.TORCH]
     if failing and not parity.load_error:
-        progress("localizing the divergence")
+        run.progress("localizing the divergence")
         t = time.perf_counter()
-        divergence = localize.find(loaded, result.path, failing[0][0], tolerance)
+        divergence = localize.find(loaded, result.path, failing[0][0], tolerance, providers=run.providers())
         timings["localize"] = time.perf_counter() - t
         if divergence is not None:
             diags.append(diagnose.explain_divergence(divergence, loaded, diags))
-    invariance = None
-    if parity.passed:
-        progress("each row alone against the same row inside a batch")
-        invariance = batching.check(loaded, result.path, tolerance=tolerance)
-        if invariance.applicable and not invariance.passed:
-            diags.append(warning(
-                "batch-dependent", f"a row's outputs change when it runs inside a batch of {invariance.rows} "
-                f"(up to {invariance.max_abs_diff:.3g}, row {invariance.worst_row})",
-                hint="the graph mixes rows (a batch statistic, a reduction over axis 0): do not batch requests "
-                     "to it; onnxport serve runs each request alone"))
+    invariance = _batch_invariance(run, loaded, diags) if parity.passed else None
     diags = rootcause.rank(diags, parity, divergence)
-    return Outcome(loaded, command, tuple(diags), dict(timings), export=result, check=checked, parity=parity,
-                   batch_invariance=invariance if invariance is not None and invariance.applicable else None,
-                   branches=tuple(sites), placement=placed, divergence=divergence,
+    return Outcome(loaded, run.options.command, tuple(diags), dict(timings), export=result, check=checked,
+                   parity=parity, batch_invariance=invariance, branches=tuple(sites), placement=placed,
+                   divergence=divergence,
                    divergence_module=diagnose.label(loaded, divergence.module) if divergence else None)
 
 
-def _strict_on_gpu() -> contextlib.AbstractContextManager:
-    return runtime.strict_fp32() if runtime.config().device == "cuda" else contextlib.nullcontext()
+def _batch_invariance(run: Run, loaded: LoadedModel, diags: list[Diagnostic]) -> BatchInvariance | None:
+    """Each row alone against the same row inside a batch (None when the inputs cannot be batched); a
+    batch-dependent graph is a warning."""
+    run.progress("each row alone against the same row inside a batch")
+    invariance = batching.check(loaded, run.result.path, tolerance=run.options.proof.tolerance,
+                                providers=run.providers())
+    if invariance.applicable and not invariance.passed:
+        diags.append(warning(
+            "batch-dependent", f"a row's outputs change when it runs inside a batch of {invariance.rows} "
+            f"(up to {invariance.max_abs_diff:.3g}, row {invariance.worst_row})",
+            hint="the graph mixes rows (a batch statistic, a reduction over axis 0): do not batch requests "
+                 "to it; onnxport serve runs each request alone"))
+    return invariance if invariance.applicable else None
 
 
-def _placed_session(path: Path, nodes: int) -> tuple[runtime.Placement | None, Any]:
-    """The parity session on the configured device and where its nodes went (None, None when onnxruntime
-    cannot load the file: parity then reports why). On the CPU every node is on the CPU (``nodes``: the
-    graph's), so the session is opened once, without the verbose placement log a GPU needs."""
-    cfg = runtime.config()
-    chain = runtime.default_providers()
+def _strict_on_gpu(device: str) -> contextlib.AbstractContextManager:
+    return runtime.strict_fp32() if device == "cuda" else contextlib.nullcontext()
+
+
+def _placed_session(run: Run, nodes: int) -> tuple[runtime.Placement | None, Any]:
+    """The parity session on the run's device and where its nodes went (None, None when onnxruntime cannot
+    load the file: parity then reports why). On the CPU every node is on the CPU (``nodes``: the graph's), so
+    the session is opened once, without the verbose placement log a GPU needs."""
+    path, chain = run.result.path, run.providers()
     log: list[str] = []
     try:
-        if cfg.device == "cpu":
+        if run.device == "cpu":
             sess = runtime.session(path, providers=chain)
             return runtime.Placement("cpu", tuple(runtime.provider_names(chain)), tuple(sess.get_providers()),
                                      {runtime.CPU: nodes}), sess
         sess = runtime.session(path, providers=chain, log_sink=log)
     except UsageError:
         return None, None
-    return runtime.placement_from(sess, cfg.device, chain, "".join(log)), sess
+    return runtime.placement_from(sess, run.device, chain, "".join(log), gpu=run.options.runtime.gpu), sess
 
 
 def _as_specs(inputs: Sequence[str | InputSpec] | None) -> list[InputSpec]:
@@ -424,31 +552,3 @@ def load_model(source: str, *, inputs: Sequence[str | InputSpec] | None = None,
     return judging.resolve(loaded, rules)
 
 
-def compare_file(source: str, onnx_path: str | Path, out: str | Path, *, inputs=None, dims=None, model_args=None,
-                 weights=None, task=None, tolerance: Tolerance = FP32, force: bool = False,
-                 trust_remote_code: bool = False, command: str | None = None, progress: Progress = noop,
-                 bench: dict | None = None, extra_files: Sequence[str | Path] = (),
-                 variants: str | Sequence[str] | None = None, seq: int | None = None,
-                 custom_op_libraries: Sequence[str | Path] = (), device: str = "cpu",
-                 log_name: str | None = None, budget: float | None = None,
-                 compare: Sequence[str] | dict[str, str] | None = None, working_sizes: bool = False,
-                 samples: str | Path | None = None, tokenizer: str | Path | None = None,
-                 preprocess: str | None = None) -> dict:
-    """Prove any ONNX file (exported by onnxport or not) against the PyTorch model; localize a divergence."""
-    use_runtime(custom_op_libraries, device)
-    onnx_path = Path(onnx_path)
-    model = read_graph(onnx_path)  # a missing or broken file fails here, before the (slow) load
-    for extra in extra_files:
-        read_graph(extra)
-    reading = _Samples(samples, tokenizer, preprocess)
-    with _loaded_into(out, force, source, progress, seq, reading, inputs=inputs, dims=dims, model_args=model_args,
-                      weights=weights, task=task, trust_remote_code=trust_remote_code,
-                      compare=compare, working_sizes=working_sizes) as (loaded, out, timings, given):
-        if onnx_path.resolve().parent == out.resolve() and onnx_path.name in RESULT_FILES:
-            raise UsageError("the ONNX file lies in --out, where results are written", "choose another --out")
-        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-        result = ExportResult(onnx_path, "external", int(opset), 0.0, (), bool(external_data_files(onnx_path)))
-        diags = list(loaded.diagnostics) + diagnose.static_traps(loaded)
-        return _prove(loaded, result, out, diags, tolerance=tolerance, command=command, progress=progress,
-                      timings=timings, move_to_out=False, bench=bench, extra_files=extra_files, variants=variants,
-                      seq=seq, log_name=log_name, budget=budget, samples=given)

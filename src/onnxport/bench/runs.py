@@ -39,7 +39,6 @@ from onnxport.runtime.backends import (
     default_threads,
     openvino_available,
 )
-from onnxport.runtime.sessions import config as runtime_config
 from onnxport.sources.base import LoadedModel
 
 
@@ -163,8 +162,8 @@ def run(loaded: LoadedModel, onnx_paths: dict[str, Path], *, batches: Sequence[i
         seq_lens: Sequence[int] | None = None, threads: int | None = None, warmup: int = 5, min_runs: int = 50,
         max_seconds: float = 10.0, block: int = 5, compile: bool = False, openvino: bool | None = None,
         tune_ort: bool = False, tune_budget_s: float = 30.0, peak: bool = True,
-        progress: Progress | None = None, io_binding: bool = False, device: str | None = None,
-        extra_backends: Sequence[Backend] = ()) -> BenchResult:
+        progress: Progress | None = None, io_binding: bool = False, device: str = "cpu",
+        providers: list | None = None, extra_backends: Sequence[Backend] = ()) -> BenchResult:
     """Benchmark PyTorch eager (and torch.compile if ``compile``) against each ONNX file in ``onnx_paths``.
 
     ``onnx_paths`` maps a backend label (e.g. "onnxruntime", "onnxruntime:best") to a file; the first is
@@ -173,9 +172,10 @@ def run(loaded: LoadedModel, onnx_paths: dict[str, Path], *, batches: Sequence[i
     end it earlier. ``tune_ort`` searches session options on the first file (``tune``) and adds the tuned
     session as "onnxruntime:tuned". ``peak`` measures (or reads the cached) GEMM peak for the roofline.
     ``io_binding`` runs ONNX Runtime through IO binding (inputs bound once per size on the session's device).
-    ``device`` (default: the configured one): on "cuda" the "% peak" is of the GPU's own matmul peak in the
+    ``device``: on "cuda" the "% peak" is of the GPU's own matmul peak in the
     precision each backend computes in (bench/peak.py), not of the CPU's. ``extra_backends``: more backends to
-    time, unopened (a variant run with its recorded session options: optimize.gpu.SessionBackend).
+    time, unopened (a variant run with its recorded session options: runtime.SessionBackend).
+    ``providers``: the provider chain every ONNX file runs on (default: the CPU).
     """
     say = progress or noop
     t_start = time.perf_counter()
@@ -186,7 +186,6 @@ def run(loaded: LoadedModel, onnx_paths: dict[str, Path], *, batches: Sequence[i
     reference = next(iter(onnx_paths.values()), None)
     peak_info = None
     if peak:
-        device = device or runtime_config().device
         say(f"measuring the {'GPU matmul' if device == 'cuda' else 'fp32 GEMM'} peak (cached after the first time)")
         peak_info = device_peak(device, threads)
     tuned = None
@@ -195,7 +194,7 @@ def run(loaded: LoadedModel, onnx_paths: dict[str, Path], *, batches: Sequence[i
         tuned = tune(reference, spec_feeds(loaded.inputs, sizes_list[0][2]), threads=threads,
                      budget_s=tune_budget_s, progress=say)
     backends = _backends(loaded, onnx_paths, threads, compile=compile, openvino=openvino, io_binding=io_binding,
-                         tuned=tuned, notes=notes) + list(extra_backends)
+                         tuned=tuned, notes=notes, providers=providers) + list(extra_backends)
     timing = _Timing(warmup, min_runs, max_seconds, block)
     rows = _bench_all(loaded, backends, sizes_list, reference, peak_info, timing, notes, say)
     settings = {"warmup": warmup, "min_runs": min_runs, "max_seconds": max_seconds, "block": block,
@@ -218,17 +217,19 @@ def _checked_paths(onnx_paths: dict[str, Path], threads: int) -> dict[str, Path]
 
 
 def _backends(loaded: LoadedModel, onnx_paths: dict[str, Path], threads: int, *, compile: bool,
-              openvino: bool | None, io_binding: bool, tuned: dict | None, notes: list[str]) -> list[Backend]:
+              openvino: bool | None, io_binding: bool, tuned: dict | None, notes: list[str],
+              providers: list | None = None) -> list[Backend]:
     """The backends to time, unopened: PyTorch eager first (the reference), then compile, ONNX files, the
     tuned session and OpenVINO on the reference file."""
     backends: list[Backend] = [TorchBackend(loaded, threads=threads)]
     if compile:
         backends.append(TorchBackend(loaded, threads=threads, compile=True))
-    backends += [OrtBackend(p, threads=threads, name=label, io_binding=io_binding) for label, p in onnx_paths.items()]
+    backends += [OrtBackend(p, threads=threads, name=label, io_binding=io_binding, providers=providers)
+                 for label, p in onnx_paths.items()]
     reference = next(iter(onnx_paths.values()), None)
     if reference is not None and tuned is not None:
         backends.append(OrtBackend(reference, options=OrtOptions.from_dict(tuned["config"]),
-                                   name="onnxruntime:tuned"))
+                                   name="onnxruntime:tuned", providers=providers))
     if reference is not None and (openvino or (openvino is None and openvino_available())):
         if openvino_available():
             backends.append(OpenVinoBackend(reference, threads=threads))

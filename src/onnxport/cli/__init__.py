@@ -14,6 +14,18 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from onnxport.cli.groups import (
+    Output,
+    bench_group,
+    convert_optimize_group,
+    export_group,
+    load_group,
+    optimize_group,
+    output_group,
+    proof_group,
+    runtime_group,
+    takes,
+)
 from onnxport.cli.render import err, print_report, print_summary
 from onnxport.core.errors import (
     EXIT_EXPORT_FAILED,
@@ -21,8 +33,17 @@ from onnxport.core.errors import (
     EXIT_USAGE,
     EXIT_VALIDATION_FAILED,
     OnnxportError,
+    one_line,
 )
 from onnxport.core.logs import LibraryLog
+from onnxport.core.options import (
+    BenchOptions,
+    ExportOptions,
+    LoadOptions,
+    OptimizeOptions,
+    ProofOptions,
+    RuntimeOptions,
+)
 
 EXIT_INTERNAL = 70
 STATUS_EXIT = {"ok": EXIT_OK, "validation_failed": EXIT_VALIDATION_FAILED, "export_failed": EXIT_EXPORT_FAILED}
@@ -57,60 +78,16 @@ def _guard(fn):
         except Exception as e:  # noqa: BLE001 - last line of defence: a bug, reported in one line
             if os.environ.get("ONNXPORT_DEBUG"):
                 raise
-            first = " ".join(str(e).split())[:300]
-            err.print(f"[bold red]internal error:[/] {type(e).__name__}: {escape(first)}. "
+            err.print(f"[bold red]internal error:[/] {type(e).__name__}: {escape(one_line(e))}. "
                       "Hint: rerun with ONNXPORT_DEBUG=1 for the traceback and report it.", markup=True)
             raise typer.Exit(EXIT_INTERNAL) from None
 
     return wrapper
 
 
-InputOpt = Annotated[list[str] | None, typer.Option("--input", "-i", help="NAME:DTYPE[d0,d1,...]{LO..HI}; repeatable")]
-DimOpt = Annotated[list[str] | None, typer.Option("--dim", "-d", help="SYMBOL=MIN..MAX; repeatable")]
-OutOpt = Annotated[Path, typer.Option("--out", "-o", help="output folder")]
-ArgsOpt = Annotated[str | None, typer.Option("--model-args", help="JSON object of constructor arguments")]
-WeightsOpt = Annotated[str | None, typer.Option("--weights", help="state_dict (.pt/.pth) or .safetensors")]
-TaskOpt = Annotated[str | None, typer.Option("--task", help="Hugging Face task, e.g. text-classification")]
-ExporterOpt = Annotated[str, typer.Option(
-    "--exporter", help="auto | dynamo | torchscript | cond | script | scan (auto: dynamo, torchscript, then the "
-    "control-flow strategies when those fail or freeze a branch or loop; the newest opset onnxruntime can run)")]
-OpsetOpt = Annotated[int | None, typer.Option("--opset", help="ONNX opset (default: newest supported, >= 17)")]
-DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the report as JSON on stdout")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="overwrite earlier results in --out")]
-AtolOpt = Annotated[float, typer.Option("--atol", help="absolute tolerance (fp32 default 1e-4)")]
-RtolOpt = Annotated[float, typer.Option("--rtol", help="relative tolerance (fp32 default 1e-3)")]
-TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="allow a Hugging Face model's own code")]
-LibOpt = Annotated[list[Path] | None, typer.Option(
-    "--custom-op-library", help="compiled ONNX Runtime custom-op library (.so) loaded into every session; repeatable")]
-BudgetOpt = Annotated[float | None, typer.Option(
-    "--budget", min=1, help="seconds for building and proving variants: none is started after that")]
-CompareOpt = Annotated[list[str] | None, typer.Option(
-    "--compare", help="OUTPUT=detections|topk|cosine|exact: how parity judges an output (default: exact, "
-                      "detections for outputs named *boxes/*scores/*labels); repeatable")]
-SizesOpt = Annotated[bool, typer.Option(
-    "--working-sizes", help="when the model runs at some sizes of a dim only, prove at those (else exit 2 "
-                            "listing which sizes run)")]
-SamplesOpt = Annotated[Path | None, typer.Option(
-    "--samples", help="your own inputs, proven one by one and used to calibrate int8: a .npz/.npy of arrays "
-                      "(named after the inputs, a leading sample axis), a .txt/.jsonl of texts, or a folder of images")]
-TokenizerOpt = Annotated[Path | None, typer.Option(
-    "--tokenizer", help="Hugging Face tokenizer folder for --samples texts (default: the hf:DIR model's own)")]
-PreprocessOpt = Annotated[str | None, typer.Option(
-    "--preprocess", help="file.py:function turning a PIL image into the model's input array [C,H,W] for --samples "
-                         "images (default: the transform of the torchvision/timm/Hugging Face source)")]
-MaxLenOpt = Annotated[int | None, typer.Option(
-    "--max-length", min=2, help="causal LMs (hf:DIR *ForCausalLM): the most tokens (prompt + generated) the exported "
-                                "KV cache holds, proven up to there (default 128)")]
-SeqOpt = Annotated[int | None, typer.Option(
-    "--seq", min=1, help="sequence length of your traffic: variants are timed and the best chosen there "
-                         "(default: the export size)")]
-
-
-def _check_device(device: str) -> None:
-    from onnxport.runtime.sessions import check_device
-
-    check_device(device)  # exit 4 with what to install when cuda cannot be used here
+SourceArg = Annotated[str, typer.Argument(help="model source, e.g. model.py:Net or torchvision:resnet18")]
 
 
 def _quietly(label: str, call, out: Path, as_json: bool) -> None:
@@ -135,146 +112,87 @@ def _quietly(label: str, call, out: Path, as_json: bool) -> None:
     raise typer.Exit(STATUS_EXIT[rep["status"]])
 
 
-def _run(which: str, source: str, out: Path, inputs, dims, model_args, weights, task, exporter, opset, device,
-         as_json, force, atol, rtol, trust_remote_code, **extra) -> None:
-    from onnxport import api
-    from onnxport.core.records import Tolerance
+def _options(output: Output, **families):
+    """The run's one options record, checked before any work (a bad value is exit 2 at once)."""
+    from onnxport.core.options import Options
 
-    _check_device(device)
-    fn = {"convert": api.convert, "export": api.export, "bench": api.benchmark, "optimize": api.optimize_file}[which]
-    _quietly(f"{which} {source}", lambda progress: fn(
-        source, out, inputs=inputs, dims=dims, model_args=model_args, weights=weights, task=task,
-        exporter=exporter, opset=opset, tolerance=Tolerance(atol, rtol), force=force,
-        trust_remote_code=trust_remote_code, command=_command_line(), progress=progress, device=device,
-        log_name=LOG_NAME, **extra), out, as_json)
+    return Options(**families, force=output.force, command=_command_line(), log_name=LOG_NAME).checked()
 
 
 @app.command()
 @_guard
-def convert(source: Annotated[str, typer.Argument(help="model source, e.g. model.py:Net or torchvision:resnet18")],
-            out: OutOpt = Path("onnxport-out"), input: InputOpt = None, dim: DimOpt = None,
-            model_args: ArgsOpt = None, weights: WeightsOpt = None, task: TaskOpt = None,
-            exporter: ExporterOpt = "auto", opset: OpsetOpt = None, device: DeviceOpt = "cpu",
-            json_out: JsonOpt = False, force: ForceOpt = False, atol: AtolOpt = 1e-4, rtol: RtolOpt = 1e-3,
-            trust_remote_code: TrustOpt = False,
+@takes(output=output_group, load=load_group, export=export_group, proof=proof_group,
+       optimize=convert_optimize_group, runtime=runtime_group)
+def convert(source: SourceArg, output: Output, load: LoadOptions, export: ExportOptions, proof: ProofOptions,
+            optimize: OptimizeOptions, runtime: RuntimeOptions,
             no_bench: Annotated[bool, typer.Option("--no-bench", help="skip the short benchmark")] = False,
-            variants: Annotated[str | None, typer.Option(
-                "--variants", help="optimized variants to build and re-prove: auto (default: those that can win for "
-                                   "this model on this device), all, or a list such as slim,ort,int8")] = None,
-            budget: BudgetOpt = None,
             no_optimize: Annotated[bool, typer.Option("--no-optimize", help="skip the optimized variants")] = False,
-            seq: SeqOpt = None, custom_op_library: LibOpt = None, compare: CompareOpt = None,
-            working_sizes: SizesOpt = False, samples: SamplesOpt = None, tokenizer: TokenizerOpt = None,
-            preprocess: PreprocessOpt = None, max_length: MaxLenOpt = None) -> None:
+            ) -> None:
     """The whole pipeline: export, check, prove, optimize, benchmark; writes OUT/."""
-    _run("convert", source, out, input, dim, model_args, weights, task, exporter, opset, device, json_out, force,
-         atol, rtol, trust_remote_code, bench={} if no_bench else None, variants=variants, optimize=not no_optimize,
-         seq=seq, custom_op_libraries=custom_op_library or [], budget=budget, compare=compare,
-         working_sizes=working_sizes, samples=samples, tokenizer=tokenizer, preprocess=preprocess,
-         max_length=max_length)
+    from onnxport import api
+
+    options = _options(output, load=load, export=export, proof=proof, optimize=optimize, runtime=runtime)
+    _quietly(f"convert {source}", lambda progress: api.convert(
+        source, output.out, options=options, bench={} if no_bench else None, optimize=not no_optimize,
+        progress=progress), output.out, output.json)
 
 
 @app.command()
 @_guard
-def optimize(source: Annotated[str, typer.Argument(help="model source, e.g. torchvision:resnet18")],
-             model: Annotated[Path, typer.Argument(help="the ONNX export to optimize")],
-             out: OutOpt = Path("onnxport-out"), input: InputOpt = None, dim: DimOpt = None,
-             model_args: ArgsOpt = None, weights: WeightsOpt = None, task: TaskOpt = None,
-             variants: Annotated[str | None, typer.Option(
-                 "--variants", help="all (default), auto, or a list such as slim,ort,fused,fp16,int8")] = None,
-             budget: BudgetOpt = None,
-             json_out: JsonOpt = False, force: ForceOpt = False, atol: AtolOpt = 1e-4, rtol: RtolOpt = 1e-3,
-             trust_remote_code: TrustOpt = False, seq: SeqOpt = None, custom_op_library: LibOpt = None,
-             compare: CompareOpt = None, working_sizes: SizesOpt = False, samples: SamplesOpt = None,
-             tokenizer: TokenizerOpt = None, preprocess: PreprocessOpt = None) -> None:
+@takes(output=output_group, load=load_group, proof=proof_group, optimize=optimize_group, runtime=runtime_group)
+def optimize(source: SourceArg, model: Annotated[Path, typer.Argument(help="the ONNX export to optimize")],
+             output: Output, load: LoadOptions, proof: ProofOptions, optimize: OptimizeOptions,
+             runtime: RuntimeOptions) -> None:
     """Build optimized variants (onnxslim, ORT offline, fusions, fp16, int8), re-prove each against PyTorch."""
     from onnxport import api
-    from onnxport.core.records import Tolerance
 
+    options = _options(output, load=load, proof=proof, optimize=optimize, runtime=runtime)
     _quietly(f"optimize {model}", lambda progress: api.optimize_file(
-        source, model, out, inputs=input, dims=dim, model_args=model_args, weights=weights, task=task,
-        variants=variants, tolerance=Tolerance(atol, rtol), force=force, trust_remote_code=trust_remote_code,
-        command=_command_line(), progress=progress, seq=seq, custom_op_libraries=custom_op_library or [],
-        log_name=LOG_NAME, budget=budget, compare=compare, working_sizes=working_sizes, samples=samples,
-        tokenizer=tokenizer, preprocess=preprocess), out, json_out)
+        source, model, output.out, options=options, progress=progress), output.out, output.json)
 
 
 @app.command()
 @_guard
-def bench(source: Annotated[str, typer.Argument(help="model source, e.g. torchvision:resnet18")],
+@takes(output=output_group, load=load_group, export=export_group, proof=proof_group, bench=bench_group,
+       runtime=runtime_group)
+def bench(source: SourceArg,
           models: Annotated[list[Path] | None, typer.Argument(help="ONNX files to time (default: export one)")] = None,
-          out: OutOpt = Path("onnxport-out"), input: InputOpt = None, dim: DimOpt = None,
-          model_args: ArgsOpt = None, weights: WeightsOpt = None, task: TaskOpt = None,
-          exporter: ExporterOpt = "auto", opset: OpsetOpt = None, device: DeviceOpt = "cpu",
-          batch: Annotated[list[int] | None, typer.Option("--batch", "-b", help="batch sizes (repeatable)")] = None,
-          seq: Annotated[list[int] | None, typer.Option("--seq", help="sequence lengths to sweep (repeatable)")] = None,
-          threads: Annotated[int | None, typer.Option("--threads", help="threads for every backend")] = None,
-          seconds: Annotated[float, typer.Option("--seconds", help="time budget per size")] = 10.0,
-          tune: Annotated[bool, typer.Option("--tune", help="search ONNX Runtime session options")] = False,
-          compile_: Annotated[bool, typer.Option("--compile", help="also time torch.compile")] = False,
-          json_out: JsonOpt = False, force: ForceOpt = False, atol: AtolOpt = 1e-4, rtol: RtolOpt = 1e-3,
-          trust_remote_code: TrustOpt = False, custom_op_library: LibOpt = None,
-          io_binding: Annotated[bool, typer.Option(
-              "--io-binding/--no-io-binding", help="ONNX Runtime runs through IO binding, inputs and outputs "
-                                                   "on the device (default: on with --device cuda)")] = None,
-          trt_fp16: Annotated[bool, typer.Option("--trt-fp16", help="TensorRT may run layers in fp16")] = False,
-          trt_workspace_gb: Annotated[float, typer.Option("--trt-workspace-gb", help="TensorRT workspace")] = 2.0,
-          trt_engine_cache: Annotated[Path | None, typer.Option(
-              "--trt-engine-cache", help="folder where TensorRT keeps built engines")] = None,
-          compare: CompareOpt = None, working_sizes: SizesOpt = False, samples: SamplesOpt = None,
-          tokenizer: TokenizerOpt = None, preprocess: PreprocessOpt = None) -> None:
+          *, output: Output, load: LoadOptions, export: ExportOptions, proof: ProofOptions, bench: BenchOptions,
+          runtime: RuntimeOptions) -> None:
     """Prove, then benchmark PyTorch against ONNX Runtime (percentiles, throughput, % of GEMM peak)."""
-    from onnxport.runtime.sessions import GpuOptions, configure
+    from onnxport import api
 
-    opts = {"batches": tuple(batch or (1, 8)), "seq_lens": tuple(seq) if seq else None, "threads": threads,
-            "max_seconds": seconds, "tune_ort": tune, "compile": compile_,
-            "io_binding": device == "cuda" if io_binding is None else io_binding}
-    configure(device, GpuOptions(fp16=trt_fp16, trt_workspace_bytes=int(trt_workspace_gb * 1024**3),
-                                 trt_engine_cache=str(trt_engine_cache) if trt_engine_cache else None))
-    _run("bench", source, out, input, dim, model_args, weights, task, exporter, opset, device, json_out, force,
-         atol, rtol, trust_remote_code, bench=opts, onnx_files=list(models or []),
-         custom_op_libraries=custom_op_library or [], compare=compare, working_sizes=working_sizes, samples=samples,
-         tokenizer=tokenizer, preprocess=preprocess)
+    options = _options(output, load=load, export=export, proof=proof, bench=bench, runtime=runtime)
+    _quietly(f"bench {source}", lambda progress: api.benchmark(
+        source, output.out, onnx_files=list(models or []), options=options, progress=progress),
+        output.out, output.json)
 
 
 @app.command()
 @_guard
-def export(source: Annotated[str, typer.Argument(help="model source, e.g. model.py:Net or torchvision:resnet18")],
-           out: OutOpt = Path("onnxport-out"), input: InputOpt = None, dim: DimOpt = None,
-           model_args: ArgsOpt = None, weights: WeightsOpt = None, task: TaskOpt = None,
-           exporter: ExporterOpt = "auto", opset: OpsetOpt = None, device: DeviceOpt = "cpu",
-           json_out: JsonOpt = False, force: ForceOpt = False, atol: AtolOpt = 1e-4, rtol: RtolOpt = 1e-3,
-           trust_remote_code: TrustOpt = False, custom_op_library: LibOpt = None, compare: CompareOpt = None,
-           working_sizes: SizesOpt = False, samples: SamplesOpt = None, tokenizer: TokenizerOpt = None,
-           preprocess: PreprocessOpt = None, max_length: MaxLenOpt = None) -> None:
+@takes(output=output_group, load=load_group, export=export_group, proof=proof_group, runtime=runtime_group)
+def export(source: SourceArg, output: Output, load: LoadOptions, export: ExportOptions, proof: ProofOptions,
+           runtime: RuntimeOptions) -> None:
     """Export + check + parity only; writes OUT/model.onnx and OUT/report.json."""
-    _run("export", source, out, input, dim, model_args, weights, task, exporter, opset, device, json_out, force,
-         atol, rtol, trust_remote_code, custom_op_libraries=custom_op_library or [], compare=compare,
-         working_sizes=working_sizes, samples=samples, tokenizer=tokenizer, preprocess=preprocess,
-         max_length=max_length)
+    from onnxport import api
+
+    options = _options(output, load=load, export=export, proof=proof, runtime=runtime)
+    _quietly(f"export {source}", lambda progress: api.export(source, output.out, options=options, progress=progress),
+             output.out, output.json)
 
 
 @app.command()
 @_guard
+@takes(output=output_group, load=load_group, proof=proof_group, runtime=runtime_group)
 def compare(source: Annotated[str, typer.Argument(help="model source, e.g. model.py:Net")],
             model: Annotated[Path, typer.Argument(help="the ONNX file to prove (from any tool)")],
-            out: OutOpt = Path("onnxport-out"), input: InputOpt = None, dim: DimOpt = None,
-            model_args: ArgsOpt = None, weights: WeightsOpt = None, task: TaskOpt = None,
-            json_out: JsonOpt = False, force: ForceOpt = False, atol: AtolOpt = 1e-4, rtol: RtolOpt = 1e-3,
-            trust_remote_code: TrustOpt = False, custom_op_library: LibOpt = None,
-            device: DeviceOpt = "cpu", compare: CompareOpt = None, working_sizes: SizesOpt = False,
-            samples: SamplesOpt = None, tokenizer: TokenizerOpt = None, preprocess: PreprocessOpt = None) -> None:
+            output: Output, load: LoadOptions, proof: ProofOptions, runtime: RuntimeOptions) -> None:
     """Prove an existing ONNX file against the PyTorch model; localize where they part."""
     from onnxport import api
-    from onnxport.core.records import Tolerance
 
-    _check_device(device)
+    options = _options(output, load=load, proof=proof, runtime=runtime)
     _quietly(f"compare {source} {model}", lambda progress: api.compare_file(
-        source, model, out, inputs=input, dims=dim, model_args=model_args, weights=weights, task=task,
-        tolerance=Tolerance(atol, rtol), force=force, trust_remote_code=trust_remote_code,
-        command=_command_line(), progress=progress, custom_op_libraries=custom_op_library or [], device=device,
-        log_name=LOG_NAME, compare=compare, working_sizes=working_sizes, samples=samples, tokenizer=tokenizer,
-        preprocess=preprocess), out, json_out)
+        source, model, output.out, options=options, progress=progress), output.out, output.json)
 
 
 @app.command()
@@ -296,6 +214,7 @@ def check(model: Annotated[Path, typer.Argument(help="an .onnx file")], json_out
 
 @app.command()
 @_guard
+@takes(runtime=runtime_group)
 def serve(path: Annotated[Path, typer.Argument(help="an output folder, a .onnx file, or a Triton-style repository")],
           host: Annotated[str, typer.Option("--host", help="address to bind (default: loopback only)")] = "127.0.0.1",
           port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port")] = 8000,
@@ -306,13 +225,12 @@ def serve(path: Annotated[Path, typer.Argument(help="an output folder, a .onnx f
               "--name", help="the served model's name (default: the output folder's or file's name)")] = None,
           grpc_port: Annotated[int | None, typer.Option(
               "--grpc-port", min=1, max=65535, help="also serve Triton gRPC on this port (same host; default: off)")] = None,
-          custom_op_library: LibOpt = None,
           custom_op_python: Annotated[list[Path] | None, typer.Option(
               "--custom-op-python", help="Python file registering ort_python_op implementations; repeatable")] = None,
-          device: DeviceOpt = "cpu") -> None:
+          *, runtime: RuntimeOptions) -> None:
     """Serve models over the Open Inference Protocol v2 (KServe v2 / Triton HTTP, and gRPC with --grpc-port)
     with dynamic batching."""
-    from onnxport import api
+    from onnxport import pipeline
     from onnxport.core.errors import UsageError
     from onnxport.runtime import ops
     from onnxport.serve import discover, listen, require_grpc, run, signature
@@ -322,7 +240,7 @@ def serve(path: Annotated[Path, typer.Argument(help="an output folder, a .onnx f
         require_grpc()  # a missing extra fails in one line, before anything starts
         if grpc_port == port:
             raise UsageError(f"--grpc-port {grpc_port} is the HTTP --port too", "give gRPC a port of its own")
-    api.use_runtime(custom_op_library or [], device)
+    pipeline.use_runtime(runtime)
     for file in custom_op_python or []:
         ops.import_implementations(file)
     models = discover(path, name)  # a bad PATH fails here, in one line, before anything starts
@@ -342,7 +260,8 @@ def serve(path: Annotated[Path, typer.Argument(help="an output folder, a .onnx f
             err.print(f"    batching off: {m.batching_off}")
     try:
         run(path, host=host, port=port, max_batch=max_batch, max_delay_ms=max_delay_ms,
-            max_body_bytes=int(max_body_mb * 1024 * 1024), name=name, sock=sock, grpc_port=grpc_port)
+            max_body_bytes=int(max_body_mb * 1024 * 1024), name=name, sock=sock, grpc_port=grpc_port,
+            runtime=runtime)
     except KeyboardInterrupt:
         raise typer.Exit(0) from None
 

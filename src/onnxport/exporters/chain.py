@@ -4,6 +4,7 @@ nothing."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import traceback
 import warnings
@@ -13,9 +14,9 @@ from pathlib import Path
 import onnx
 
 from onnxport.core.diagnostics import Diagnostic
-from onnxport.core.errors import ExportFailed, UsageError
+from onnxport.core.errors import ExportFailed, UsageError, one_line
 from onnxport.core.logs import captured_output
-from onnxport.core.onnxfile import external_threshold, move_model, state_bytes
+from onnxport.core.onnxfile import external_threshold, move_model, remove_model, state_bytes
 from onnxport.core.records import Attempt, ExportResult
 from onnxport.core.samples import export_sizes, make_inputs
 from onnxport.exporters import controlflow, packed
@@ -46,7 +47,7 @@ from onnxport.exporters.strategies import (
 )
 from onnxport.runtime.feeds import FeedMap
 from onnxport.runtime.placement import Placement
-from onnxport.runtime.sessions import config, placement, session
+from onnxport.runtime.sessions import GpuOptions, placement, session
 from onnxport.sources.base import LoadedModel
 
 # --------------------------------------------------------------------------- strategies
@@ -60,7 +61,7 @@ PlacementOf = Callable[[Path], Placement]
 
 
 def export(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", opset: int | None = None,
-           external_data_threshold: int | None = None, device: str | None = None,
+           external_data_threshold: int | None = None, device: str = "cpu", gpu: GpuOptions | None = None,
            placement_of: PlacementOf | None = None) -> ExportResult:
     """Export ``loaded`` to ``path``.
 
@@ -71,7 +72,7 @@ def export(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", ops
     export that froze nothing (else the first that worked, for parity to judge).
 
     With no ``opset`` given, an export onnxruntime cannot run is made again at lower opsets; and on ``device``
-    "cuda" (None: the configured device) an export whose placement leaves compute nodes on the CPU (an operator
+    "cuda" (with the GPU providers' settings ``gpu``) an export whose placement leaves compute nodes on the CPU (an operator
     version the CUDA provider has no kernel for) is made again at the lower opsets where those operators change
     version, keeping the newest whose placement is clean (else the first: the placement diagnostic warns).
     ``placement_of`` replaces the real placement (a simulated one in tests).
@@ -87,7 +88,7 @@ def export(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", ops
             raise UsageError(f"opset {opset} is not supported here (newest usable: {newest})",
                              f"pick an opset between {MIN_OPSET} and {newest}, or leave --opset out")
     threshold = external_threshold() if external_data_threshold is None else external_data_threshold
-    placed_of = (placement_of or _gpu_placement) if (device or config().device) == "cuda" else None
+    placed_of = (placement_of or functools.partial(placement, device="cuda", gpu=gpu)) if device == "cuda" else None
     size = state_bytes(loaded.flat)
     external = size > threshold
     attempts: list[Attempt] = []
@@ -95,8 +96,7 @@ def export(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", ops
     failed_diags: list[Diagnostic] = []
     t_all = time.perf_counter()
     path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in (path, path.with_name(path.name + ".data")):
-        stale.unlink(missing_ok=True)
+    remove_model(path)
     try:
         for name in order:
             if done and name in EXPORTERS:
@@ -135,9 +135,7 @@ def export(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", ops
                             tuple(attempts), external, tuple(diags))
     finally:
         for name in order:
-            tmp = path.with_name(f".{name}-{path.name}")
-            for leftover in (tmp, tmp.with_name(tmp.name + ".data")):
-                leftover.unlink(missing_ok=True)
+            remove_model(path.with_name(f".{name}-{path.name}"))
 
 
 def _attempt(name: str, loaded: LoadedModel, target: Path, opset: int, external: bool,
@@ -246,18 +244,13 @@ def _lower_opsets(name: str, loaded: LoadedModel, target: Path, versions: Iterab
         return (dataclasses.replace(attempt, note=note), diags, failed), rejected
     finally:
         for trial in trials.values():
-            for leftover in (trial, trial.with_name(trial.name + ".data")):
-                leftover.unlink(missing_ok=True)
+            remove_model(trial)
 
 
 def _custom_domain(path: Path) -> bool:
     """Whether ``path`` imports an operator domain of its own (not ONNX's or onnxruntime's)."""
     model = onnx.load(str(path), load_external_data=False)
     return any(o.domain not in ("", "ai.onnx", "com.microsoft") for o in model.opset_import)
-
-
-def _gpu_placement(path: Path) -> Placement:
-    return placement(path, "cuda", gpu=config().gpu)
 
 
 def _placed(placed_of: PlacementOf | None, path: Path) -> Placement | None:
@@ -277,12 +270,12 @@ def _ort_cannot_run(path: Path, loaded: LoadedModel, opset: int) -> str | None:
         sess = session(path)
     except Exception as e:  # noqa: BLE001 - any refusal is the answer
         msg = str(getattr(e, "message", e)).split("failed:")[-1].strip()
-        return f"onnxruntime cannot load the opset-{opset} export: {' '.join(msg.split())[:240]}"
+        return f"onnxruntime cannot load the opset-{opset} export: {one_line(msg, 240)}"
     feed = FeedMap.of(loaded.inputs, sess)
     try:
         sess.run(None, feed(make_inputs(loaded.inputs, export_sizes(loaded.dims), seed=0)))
     except Exception as e:  # noqa: BLE001
-        return f"onnxruntime cannot run the opset-{opset} export: {' '.join(str(e).split())[:240]}"
+        return f"onnxruntime cannot run the opset-{opset} export: {one_line(e, 240)}"
     return None
 
 

@@ -28,6 +28,7 @@ from typing import Any
 from onnxport.core.errors import ExportFailed
 from onnxport.core.samples import export_sizes, make_inputs
 from onnxport.runtime.ops import split_name
+from onnxport.sources.base import memoized
 
 NAMESPACE = "onnxport_custom"
 _ATTR_SUFFIXES = {"f": "FLOAT", "i": "INT", "s": "STRING", "t": "TENSOR", "fs": "FLOATS", "is": "INTS",
@@ -162,11 +163,9 @@ def _restore_apply(saved: dict[type, Any]) -> None:
 
 
 def discover_loaded(loaded) -> tuple[CustomFunction, ...]:
-    """:func:`discover` on a LoadedModel at its export sizes (memoized in ``loaded.extra``)."""
-    if "custom_functions" not in loaded.extra:
-        loaded.extra["custom_functions"] = discover(
-            loaded.flat, make_inputs(loaded.inputs, export_sizes(loaded.dims), seed=0)) if _symbolic_functions() else ()
-    return loaded.extra["custom_functions"]
+    """:func:`discover` on a LoadedModel at its export sizes (once per model: sources.base.memoized)."""
+    return memoized(loaded, "custom_functions", lambda: discover(
+        loaded.flat, make_inputs(loaded.inputs, export_sizes(loaded.dims), seed=0)) if _symbolic_functions() else ())
 
 
 # --------------------------------------------------------------------------- the symbolic's g

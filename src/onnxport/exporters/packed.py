@@ -32,7 +32,7 @@ from torch.nn.utils import rnn as rnn_utils
 
 from onnxport.core.diagnostics import Diagnostic, info
 from onnxport.core.samples import export_sizes, make_inputs
-from onnxport.sources.base import LoadedModel
+from onnxport.sources.base import LoadedModel, memoized
 
 NAMESPACE = "onnxport_packed"
 CODE = "packed-sequence-rewritten"
@@ -288,9 +288,11 @@ def applied(loaded: LoadedModel, opset: int, exporter: str = "dynamo") -> Iterat
 
 def find(loaded: LoadedModel) -> tuple[str, ...]:
     """The RNN modules ``loaded`` feeds a packed sequence, found by one run at the export sizes with the
-    rewrite active whose outputs match the model's own (memoized in ``loaded.extra``)."""
-    if "packed_rnns" in loaded.extra:
-        return loaded.extra["packed_rnns"]
+    rewrite active whose outputs match the model's own (once per model: sources.base.memoized)."""
+    return memoized(loaded, "packed_rnns", lambda: _find(loaded))
+
+
+def _find(loaded: LoadedModel) -> tuple[str, ...]:
     found: tuple[str, ...] = ()
     if any(isinstance(m, _RNNS) for m in loaded.model.modules()):
         example = make_inputs(loaded.inputs, export_sizes(loaded.dims), seed=0)
@@ -306,7 +308,6 @@ def find(loaded: LoadedModel) -> tuple[str, ...]:
                 found = tuple(ran)
         except Exception:  # noqa: BLE001 - a model the rewrite does not fit exports (or fails) as before
             found = ()
-    loaded.extra["packed_rnns"] = found
     return found
 
 

@@ -47,15 +47,16 @@ def heterogeneous_batch(loaded: LoadedModel, rows: int, seed: int = 7) -> tuple[
 
 
 def check(loaded: LoadedModel, path: str | Path, *, rows: int | None = None, tolerance: Tolerance = FP32,
-          sess=None) -> BatchInvariance:
+          sess=None, providers: list | None = None) -> BatchInvariance:
     """Each row of a heterogeneous batch of ``rows`` (default: the server's max batch, within the declared
-    range) against the same row run alone, every output within ``tolerance``."""
+    range) against the same row run alone, every output within ``tolerance`` (on ``sess``, else a session on
+    ``providers``, default the CPU)."""
     sym = batch_symbol(loaded)
     if sym is None:
         return BatchInvariance(0, True, 0.0, applicable=False,
                                reason="the inputs share no dynamic first dim: a server cannot batch them")
     rows = max(2, min(rows or SERVE_ROWS, loaded.dims[sym].max))
-    sess = sess if sess is not None else session(path)
+    sess = sess if sess is not None else session(path, providers=providers)
     feed = FeedMap.of(loaded.inputs, sess)
     batch = heterogeneous_batch(loaded, rows)
     together = sess.run(None, feed(batch))

@@ -117,14 +117,16 @@ def _expose_all(onnx_path: Path, tmp: Path) -> tuple[Path, dict[str, onnx.NodePr
     return path, producer, scope_of
 
 
-def find(loaded: LoadedModel, onnx_path: str | Path, case: Case, tolerance: Tolerance) -> Divergence | None:
-    """Localize the first diverging module for ``case``; None when every recorded module matches."""
+def find(loaded: LoadedModel, onnx_path: str | Path, case: Case, tolerance: Tolerance,
+         providers: list | None = None) -> Divergence | None:
+    """Localize the first diverging module for ``case`` (onnxruntime on ``providers``, default the CPU); None
+    when every recorded module matches."""
     inputs = make_inputs(loaded.inputs, case.sizes, case.values, case.seed)
     records = record_modules(loaded, inputs)
     modules = dict(loaded.model.named_modules())
     with tempfile.TemporaryDirectory(prefix="onnxport-localize-") as tmp:
         path, producer, scope_of = _expose_all(Path(onnx_path), Path(tmp))
-        sess = session(path)
+        sess = session(path, providers=providers)
         names = [o.name for o in sess.get_outputs()]
         feeds = FeedMap.of(loaded.inputs, sess)(inputs)
         try:

@@ -10,7 +10,7 @@ import dataclasses
 import datetime as _dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from onnxport import environment
 from onnxport.bench import BenchResult
@@ -29,6 +29,17 @@ from onnxport.prove.branches import Site
 from onnxport.prove.samples import SampleProof
 from onnxport.runtime import Placement
 from onnxport.sources.base import LoadedModel
+
+
+class Section(Protocol):
+    """A record a layer above this one makes for its own report section (the decoder's DecoderOutcome)."""
+
+    def to_dict(self) -> dict: ...
+
+
+def _attempt(a: Attempt) -> dict:
+    """One export attempt of report.json (``not_applicable``: the strategy had nothing to do here)."""
+    return {"not_applicable": a.not_applicable, **a.to_dict()}
 
 
 def _now() -> str:
@@ -59,7 +70,8 @@ class Outcome:
     batch_invariance: BatchInvariance | None = None  # the export's rows alone vs inside a batch
     samples: SampleProof | None = None  # the export on the user's --samples
     log: str | None = None  # the file beside report.json holding what the libraries printed (the CLI writes it)
-    decoder: dict | None = None  # a causal LM exported with its KV cache: layout, export tries, step cases, generations
+    custom_functions: tuple[Any, ...] = ()  # autograd.Functions with symbolic() the export found (CustomFunction)
+    decoder: Section | None = None  # a causal LM with its KV cache (decoder.DecoderOutcome): layout, tries, cases...
 
     def but(self, **changes: Any) -> Outcome:
         """A copy with ``changes`` (the next checkpoint)."""
@@ -100,8 +112,8 @@ def build_report(o: Outcome) -> dict:
             "inputs": list(checked.inputs) if checked else spec_io,
             "outputs": list(checked.outputs) if checked else [{"name": n, "dtype": "unknown", "shape": None}
                                                               for n in loaded.output_names],
-            "attempts": [a.to_dict() for a in (result.attempts if result else o.attempts)],
-            "custom_ops": [f.to_dict() for f in loaded.extra.get("custom_functions", ())],
+            "attempts": [_attempt(a) for a in (result.attempts if result else o.attempts)],
+            "custom_ops": [f.to_dict() for f in o.custom_functions],
         },
         "check": None,
         "validation": None,
@@ -136,7 +148,7 @@ def build_report(o: Outcome) -> dict:
                                                  "timed_at": o.optimized.timed_at,
                                                  "session_options": dict(best.session_options or {})}
     if o.decoder is not None:
-        rep["decoder"] = o.decoder
+        rep["decoder"] = o.decoder.to_dict()
     if o.log:
         rep["log"] = o.log
     rep["summary"] = summary_sentence(rep)
@@ -149,8 +161,7 @@ def summary_sentence(rep: dict) -> str:
     if status == "export_failed":
         root = next((d for d in rep["diagnostics"] if d["severity"] == "error" and d["code"] != "export-failed"),
                     None)  # the ranked root cause (rootcause.rank), not the last strategy's shrug
-        errs = [a["error"] for a in rep["export"]["attempts"] if a.get("error")
-                and not a["error"].startswith("not applicable")]
+        errs = [a["error"] for a in rep["export"]["attempts"] if a.get("error") and not a.get("not_applicable")]
         reason = root["message"] if root else errs[0] if errs else "no exporter produced a model"
         return "Export failed: " + reason.rstrip(".") + "."
     val = rep.get("validation") or {}

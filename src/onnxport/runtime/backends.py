@@ -16,7 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from onnxport.core.errors import EnvironmentProblem, UsageError
-from onnxport.runtime.sessions import OPT_LEVELS, BoundRunner, config, session
+from onnxport.runtime.sessions import CUDA, OPT_LEVELS, BoundRunner, session
 from onnxport.sources.base import LoadedModel
 
 EXECUTION_MODES = ("sequential", "parallel")
@@ -145,6 +145,15 @@ class OrtOptions:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
+def _bound_device(sess, providers: list | None) -> tuple[str, int]:
+    """(device, device id) IO binding places a session's inputs and outputs on: CUDA's when the session really
+    runs on it (the id from the asked-for ``providers``), else the CPU."""
+    if CUDA not in sess.get_providers():
+        return "cpu", 0
+    opts = next((p[1] for p in providers or () if isinstance(p, tuple) and p[0] == CUDA), {})
+    return "cuda", int(opts.get("device_id", 0))
+
+
 class OrtBackend:
     """ONNX Runtime (CPU provider unless ``providers`` says otherwise) on any .onnx file."""
 
@@ -184,8 +193,7 @@ class OrtBackend:
             return self.session.run(None, {n: feeds[n] for n in self._names})
         current = tuple(id(feeds[n]) for n in self._names)
         if self._bound is None or current != self._bound_feeds:  # the same arrays stay bound on the device
-            cfg = config()
-            self._bound = BoundRunner(self.session, cfg.device, cfg.gpu.device_id)
+            self._bound = BoundRunner(self.session, *_bound_device(self.session, self.providers))
             self._bound.bind({n: feeds[n] for n in self._names})
             self._bound_feeds = current
         self._bound.run()

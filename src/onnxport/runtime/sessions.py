@@ -15,20 +15,19 @@ import io
 import sys
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from onnxport.core.errors import EnvironmentProblem, UsageError
 from onnxport.core.logs import captured_fds
+from onnxport.core.options import DEVICES, GpuOptions, RuntimeOptions
 from onnxport.runtime import ops
 from onnxport.runtime.libraries import Probe, status, tensorrt_loadable
 from onnxport.runtime.placement import Placement, classify, count_memcpy, parse_placement
 
-__all__ = ["Placement", "parse_placement"]  # re-exported from onnxport.runtime.placement (with the rest below)
+__all__ = ["DEVICES", "GpuOptions", "Placement", "parse_placement"]  # re-exported from onnxport.runtime.placement (with the rest below)
 
 OPT_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
               "all": "ORT_ENABLE_ALL"}
-DEVICES = ("cpu", "cuda")
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 TENSORRT = "TensorrtExecutionProvider"
@@ -38,30 +37,6 @@ GPU_INSTALL_HINT = ("install onnxruntime-gpu (pip uninstall onnxruntime && pip i
 
 
 # --------------------------------------------------------------------------- providers
-
-
-@dataclass(frozen=True)
-class GpuOptions:
-    """How the GPU providers are configured (TensorRT options follow ONNX Runtime's names)."""
-
-    device_id: int = 0
-    fp16: bool = False  # trt_fp16_enable: TensorRT may run layers in fp16
-    trt_workspace_bytes: int = 2 * 1024**3  # trt_max_workspace_size
-    trt_engine_cache: str | None = None  # folder for built engines (trt_engine_cache_enable + _path)
-    tensorrt: bool = True  # put TensorRT first when it is available
-    tf32: bool = False  # the CUDA provider's use_tf32: off, so fp32 MatMul/Conv are fp32 (strict proof)
-
-    def tensorrt_options(self) -> dict:
-        opts: dict = {"device_id": self.device_id, "trt_fp16_enable": self.fp16,
-                      "trt_max_workspace_size": int(self.trt_workspace_bytes)}
-        if self.trt_engine_cache:
-            opts.update(trt_engine_cache_enable=True, trt_engine_cache_path=str(self.trt_engine_cache),
-                        trt_timing_cache_enable=True, trt_timing_cache_path=str(self.trt_engine_cache))
-        return opts
-
-    def cuda_options(self) -> dict:
-        return {"device_id": self.device_id, "cudnn_conv_algo_search": "EXHAUSTIVE",
-                "do_copy_in_default_stream": True, "use_tf32": "1" if self.tf32 else "0"}
 
 
 def available_providers() -> list[str]:
@@ -137,33 +112,9 @@ def check_device(device: str, *, torch_cuda: bool | None = None, available: Sequ
     provider_chain("cuda", available=available)
 
 
-@dataclass(frozen=True)
-class RuntimeConfig:
-    """The device every session onnxport opens runs on, unless a caller passes its own providers."""
-
-    device: str = "cpu"
-    gpu: GpuOptions = field(default_factory=GpuOptions)
-
-
-_CONFIG = RuntimeConfig()
-
-
-def configure(device: str = "cpu", gpu: GpuOptions | None = None) -> RuntimeConfig:
-    """Set the process-wide device (checked first: exit 4 when it cannot be used here); ``gpu`` None keeps
-    the GPU options set before."""
-    global _CONFIG
-    check_device(device)
-    _CONFIG = RuntimeConfig(device, gpu or _CONFIG.gpu)
-    return _CONFIG
-
-
-def config() -> RuntimeConfig:
-    return _CONFIG
-
-
-def default_providers() -> list:
-    """The provider chain of the configured device."""
-    return provider_chain(_CONFIG.device, gpu=_CONFIG.gpu)
+def runtime_providers(options: RuntimeOptions) -> list:
+    """The provider chain of a run's runtime options (:func:`provider_chain` of its device and GPU settings)."""
+    return provider_chain(options.device, gpu=options.gpu)
 
 
 @contextlib.contextmanager
@@ -192,7 +143,8 @@ def session(path: str | Path, *, providers: list | None = None, threads: int | N
             execution_mode: str | None = None, enable_mem_pattern: bool | None = None,
             enable_cpu_mem_arena: bool | None = None, log_sink: list[str] | None = None,
             keep_verbose: bool = False):
-    """An InferenceSession on ``path`` (the configured device's providers and ORT_ENABLE_ALL unless told otherwise).
+    """An InferenceSession on ``path`` (``providers``: a provider chain, default the CPU; ORT_ENABLE_ALL unless
+    told otherwise).
 
     ``inter_op_threads``, ``execution_mode`` ("sequential"/"parallel"), ``enable_mem_pattern`` and
     ``enable_cpu_mem_arena`` keep ONNX Runtime's defaults when None. Registered custom-op libraries and
@@ -245,7 +197,7 @@ def _open(path: str | Path, providers: list | None, severity: int, sink: list[st
     # benchmark of another variant) otherwise takes the cores from the next one; a run's own parallel
     # sections still spin. Measured: three MiniLM sessions timed in turn ran 1.7-2.8x slower without it.
     opts.add_session_config_entry("session.force_spinning_stop", "1")
-    chain = providers or default_providers()
+    chain = providers or [CPU]
     printed = io.StringIO()
     fds = captured_fds(sink, (1, 2)) if sink is not None and severity == 0 else contextlib.nullcontext()
     try:
@@ -320,8 +272,8 @@ def placement_from(sess, device: str, chain: Sequence, log: str, *, graph=None,
                    gpu: GpuOptions | None = None) -> Placement:
     """:class:`Placement` from an open session and the verbose log of its creation; ``graph`` (the ONNX
     graph, when known) tells shape ops on shapes from the same ops on data (see
-    :mod:`onnxport.runtime.placement`). Providers listed but unloadable are reported unless ``gpu`` (default:
-    the configured options) turned TensorRT off."""
+    :mod:`onnxport.runtime.placement`). Providers listed but unloadable are reported unless ``gpu`` turned
+    TensorRT off."""
     counts, nodes = parse_placement(log)
     used = tuple(sess.get_providers())
     fallback: tuple[str, ...] = ()
@@ -334,7 +286,7 @@ def placement_from(sess, device: str, chain: Sequence, log: str, *, graph=None,
             fallback = compute = (f"all {counts[CPU]} nodes",)
         else:
             compute, shape = classify(fallback, log, graph)
-        if (gpu or _CONFIG.gpu).tensorrt:
+        if (gpu or GpuOptions()).tensorrt:
             unloadable = tuple(unloadable_providers(available, probe, simulated=available).values())
     return Placement(device, tuple(provider_names(chain)), used, counts, fallback, compute, shape,
                      count_memcpy(nodes), unloadable)

@@ -12,6 +12,7 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from onnxport.core.options import RuntimeOptions
 from onnxport.serve.models import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_BODY_BYTES,
@@ -38,34 +39,37 @@ def _require(package: str) -> None:
 
 
 def serve_app(path: str | Path, *, max_batch: int | None = None, max_delay_ms: float | None = None,
-              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, name: str | None = None) -> FastAPI:
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, name: str | None = None,
+              runtime: RuntimeOptions | None = None) -> FastAPI:
     """Build the OIP v2 app for PATH, loading every model now (a model that fails to load raises UsageError).
 
     ``max_batch``: largest batch per ONNX Runtime run and per request (None: the repository config, else
     32; 1 turns batching off). ``max_delay_ms``: how long the first queued request waits for others
     (None: the repository config, else 2 ms). ``max_body_bytes``: larger request bodies get 413. ``name``:
     the served name of the one model of a folder or file (default: the folder's or file's name).
+    ``runtime``: the device the sessions run on (default: the CPU).
     """
     for package in ("fastapi", "uvicorn", "prometheus_client"):
         _require(package)
     from onnxport.serve.app import serve_app as _serve_app
 
     return _serve_app(path, max_batch=max_batch, max_delay_ms=max_delay_ms, max_body_bytes=max_body_bytes,
-                      name=name)
+                      name=name, runtime=runtime or RuntimeOptions())
 
 
 def run(path: str | Path, host: str = "127.0.0.1", port: int = 8000, *, max_batch: int | None = None,
         max_delay_ms: float | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         graceful_timeout_s: float = 30.0, log_level: str = "info", name: str | None = None,
-        sock: socket.socket | None = None, grpc_port: int | None = None) -> None:
+        sock: socket.socket | None = None, grpc_port: int | None = None, runtime: RuntimeOptions | None = None) -> None:
     """Serve PATH over HTTP (and gRPC on ``grpc_port``, same host, when given) until SIGINT/SIGTERM, then
     drain: new requests get 503 / UNAVAILABLE, the ones already accepted are answered (up to
     ``graceful_timeout_s``) and it returns. ``sock``: a socket already listening on host:port (see
-    :func:`listen`). Both fronts share the models, their batchers, the metrics and the request size limit."""
+    :func:`listen`); ``runtime``: the device (default: the CPU) and custom-op libraries. Both fronts share the models, their batchers, the metrics and the request size limit."""
     if grpc_port is not None:
         require_grpc()
     sock = sock if sock is not None else listen(host, port)
-    app = serve_app(path, max_batch=max_batch, max_delay_ms=max_delay_ms, max_body_bytes=max_body_bytes, name=name)
+    app = serve_app(path, max_batch=max_batch, max_delay_ms=max_delay_ms, max_body_bytes=max_body_bytes, name=name,
+                    runtime=runtime)
     from onnxport.serve.runner import Server
 
     server = Server(app, sock, host=host, grpc_port=grpc_port, drain_timeout_s=graceful_timeout_s,

@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from onnxport.core.errors import UsageError
+from onnxport.core.options import RuntimeOptions
 from onnxport.core.version import __version__ as ONNXPORT_VERSION
 from onnxport.serve.batcher import InferenceError, ShuttingDown
 from onnxport.serve.models import DEFAULT_MAX_BODY_BYTES, discover
@@ -238,11 +239,12 @@ def build_app(models: list[ServedModel], metrics: Metrics, *, max_body_bytes: in
 
 
 def serve_app(path: str | Path, *, max_batch: int | None = None, max_delay_ms: float | None = None,
-              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, name: str | None = None) -> FastAPI:
-    """An OIP v2 app serving PATH (output folder, .onnx file or Triton repository); loads every model now.
-    ``name`` renames the one model of a folder or file."""
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, name: str | None = None,
+              runtime: RuntimeOptions = RuntimeOptions()) -> FastAPI:
+    """An OIP v2 app serving PATH (output folder, .onnx file or Triton repository); loads every model now, on
+    ``runtime``'s device. ``name`` renames the one model of a folder or file."""
     if max_body_bytes <= 0:
         raise UsageError(f"max_body_bytes must be positive, got {max_body_bytes}", "pass a size in bytes")
     metrics = Metrics()
-    models = [load(source, max_batch, max_delay_ms, metrics) for source in discover(path, name)]
+    models = [load(source, max_batch, max_delay_ms, metrics, runtime) for source in discover(path, name)]
     return build_app(models, metrics, max_body_bytes=max_body_bytes)

@@ -12,8 +12,9 @@ from typing import TypeVar
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from onnxport.core.errors import UsageError
-from onnxport.optimize.gpu import providers_for, without_cuda_graph
-from onnxport.runtime.sessions import config, session
+from onnxport.core.options import RuntimeOptions
+from onnxport.runtime.sessions import runtime_providers, session
+from onnxport.runtime.variant_sessions import providers_for, without_cuda_graph
 from onnxport.serve.batcher import Batcher, BatchStats, InferenceError, Outputs
 from onnxport.serve.generate import (
     NOT_A_DECODER,
@@ -249,23 +250,27 @@ def find(models: dict[str, ServedModel], name: str, version: str | None = None) 
     return m
 
 
-def device_options(source: ModelSource, device: str | None = None) -> dict:
-    """``runtime.session()`` keywords for ``source`` on ``device`` (default: the configured one): on cuda, the
-    providers best.onnx was proven with (TF32, TensorRT fp16 and its caches) — without a CUDA graph, which
-    holds one input shape while served requests change shape."""
+def device_options(source: ModelSource, device: str = "cpu", chain: list | None = None) -> dict:
+    """``runtime.session()`` keywords for ``source`` on ``device``: on cuda, the providers best.onnx was proven
+    with (TF32, TensorRT fp16 and its caches) — without a CUDA graph, which holds one input shape while served
+    requests change shape — else ``chain`` (the device's provider chain) when given."""
     kw = dict(source.session_options)
-    device = device or config().device
     if device == "cuda" and source.proven_options and source.proven_options.get("provider") != "CPUExecutionProvider":
         kw["providers"] = providers_for(without_cuda_graph(source.proven_options), source.onnx_path.parent)
+    elif chain is not None:
+        kw["providers"] = chain
     return kw
 
 
-def load(source: ModelSource, max_batch: int | None, max_delay_ms: float | None, metrics: Metrics) -> ServedModel:
-    """Open ``source``'s session and batcher (UsageError when its file is missing or the limits are bad)."""
+def load(source: ModelSource, max_batch: int | None, max_delay_ms: float | None, metrics: Metrics,
+         runtime: RuntimeOptions = RuntimeOptions()) -> ServedModel:
+    """Open ``source``'s session on ``runtime``'s device and its batcher (UsageError when its file is missing or
+    the limits are bad)."""
     if not source.onnx_path.is_file():
         raise UsageError(f"model '{source.name}': {source.onnx_path} does not exist", "check the path")
     sig = signature(source.onnx_path)
-    sess = session(source.onnx_path, **device_options(source))
+    chain = runtime_providers(runtime) if runtime.device != "cpu" else None
+    sess = session(source.onnx_path, **device_options(source, runtime.device, chain))
     batch_limit = max_batch if max_batch is not None else (source.max_batch if source.max_batch is not None
                                                            else DEFAULT_MAX_BATCH)
     if source.batching_off:

@@ -5,16 +5,20 @@ from __future__ import annotations
 import contextlib
 import inspect
 import keyword
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
 from onnxport.core.diagnostics import Diagnostic, info, warning
-from onnxport.core.errors import SourceError, UsageError
+from onnxport.core.errors import SourceError, UsageError, one_line
 from onnxport.core.spec import Dim, InputSpec
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -31,8 +35,21 @@ class LoadedModel:
     output_names: tuple[str, ...]
     parameters: int
     diagnostics: tuple[Diagnostic, ...] = ()
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # facts of the source (model type, …), set at load only
     compare: dict[str, str] = field(default_factory=dict)  # output -> how parity judges it (exact when absent)
+
+
+_MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def memoized(loaded: LoadedModel, name: str, compute: Callable[[], T]) -> T:
+    """``compute()`` once per model, declared inputs and dims — what a stage learns by running the model (the
+    autograd.Functions it calls, the RNNs fed packed sequences) — kept beside the module, never in the record."""
+    per_model = _MEMO.setdefault(loaded.model, {})
+    key = (name, repr(loaded.inputs), repr(sorted(loaded.dims.items())))
+    if key not in per_model:
+        per_model[key] = compute()
+    return per_model[key]
 
 
 # --------------------------------------------------------------------------- binding
@@ -265,8 +282,7 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
-        first = " ".join(str(e).split())[:300]
-        raise SourceError(f"the weights in {p.name} do not fit the model: {first}",
+        raise SourceError(f"the weights in {p.name} do not fit the model: {one_line(e, 300)}",
                           "check --model-args: they must build the architecture the weights were saved from") from None
 
 
