@@ -2,28 +2,56 @@
 
 from __future__ import annotations
 
-from onnxport.api import benchmark, check_file, compare_file, convert, export, load_model, optimize_file
-from onnxport.core.errors import (
-    EnvironmentProblem,
-    ExportFailed,
-    OnnxportError,
-    SourceError,
-    UsageError,
-    ValidationFailed,
-)
-from onnxport.core.options import (
-    BenchOptions,
-    ExportOptions,
-    GpuOptions,
-    LoadOptions,
-    OptimizeOptions,
-    Options,
-    ProofOptions,
-    RuntimeOptions,
-)
-from onnxport.core.records import Tolerance
-from onnxport.core.spec import Dim, InputSpec, parse_dim, parse_input
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from onnxport.core.version import __version__
+
+if TYPE_CHECKING:
+    from onnxport.api import benchmark, check_file, compare_file, convert, export, load_model, optimize_file
+    from onnxport.core.errors import (
+        EnvironmentProblem,
+        ExportFailed,
+        OnnxportError,
+        SourceError,
+        UsageError,
+        ValidationFailed,
+    )
+    from onnxport.core.options import (
+        BenchOptions,
+        ExportOptions,
+        GpuOptions,
+        LoadOptions,
+        OptimizeOptions,
+        Options,
+        ProofOptions,
+        RuntimeOptions,
+    )
+    from onnxport.core.records import Tolerance
+    from onnxport.core.spec import Dim, InputSpec, parse_dim, parse_input
+
+_WHERE = {
+    **dict.fromkeys(("benchmark", "check_file", "compare_file", "convert", "export", "load_model", "optimize_file"),
+                    "onnxport.api"),
+    **dict.fromkeys(("EnvironmentProblem", "ExportFailed", "OnnxportError", "SourceError", "UsageError",
+                     "ValidationFailed"), "onnxport.core.errors"),
+    **dict.fromkeys(("BenchOptions", "ExportOptions", "GpuOptions", "LoadOptions", "OptimizeOptions", "Options",
+                     "ProofOptions", "RuntimeOptions"), "onnxport.core.options"),
+    "Tolerance": "onnxport.core.records",
+    **dict.fromkeys(("Dim", "InputSpec", "parse_dim", "parse_input"), "onnxport.core.spec"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The public names, imported on first use (``import onnxport`` stays light: the command line handles
+    Ctrl-C before torch is imported)."""
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'onnxport' has no attribute {name!r}")
+    value = getattr(importlib.import_module(where), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "__version__", "convert", "export", "compare_file", "benchmark", "optimize_file", "check_file", "load_model",

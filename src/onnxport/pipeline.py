@@ -21,25 +21,26 @@ from typing import Any
 from onnxport import decoder, diagnose, optimize, report, rootcause, runtime
 from onnxport.bench import run as bench_run
 from onnxport.bench import sizes_at
+from onnxport.core import signals
 from onnxport.core.diagnostics import Diagnostic, error, info, warning
-from onnxport.core.errors import ConstrainedDims, ExportFailed, UsageError
+from onnxport.core.errors import ConstrainedDims, ExportFailed, UsageError, one_line
 from onnxport.core.logs import Progress, noop
 from onnxport.core.onnxfile import external_data_files, move_model, read_graph
 from onnxport.core.options import (
-    QUICK_BENCH,
-    BenchOptions,
     LoadOptions,
     Options,
     ProofOptions,
     RuntimeOptions,
 )
-from onnxport.core.outdir import RESULT_FILES, output_folder, prepare_out
+from onnxport.core.outdir import RESULT_FILES, check_out, output_folder
 from onnxport.core.records import BatchInvariance, ExportResult, Failure
 from onnxport.core.samples import validation_cases
 from onnxport.core.spec import Dim, InputSpec, parse_dim, parse_input
+from onnxport.decoder.applies import refuse_for_decoder
 from onnxport.decoder.tokenizer import save_tokenizer
 from onnxport.exporters import functions
-from onnxport.exporters.chain import export as run_export
+from onnxport.exporters.chain import Candidates
+from onnxport.exporters.chain import candidates as export_candidates
 from onnxport.exporters.strategies import CONTROL_FLOW
 from onnxport.prove import batching, branches, localize
 from onnxport.prove import compare as judging
@@ -82,6 +83,7 @@ class Run:
     sample_refs: proving_samples.SampleRefs | None = None
     model_file: Path | None = None  # where the proven (or unproven) export now lies
     stopped: bool = False
+    candidates: Candidates | None = None  # auto: the exporter chain, asked for its next file when one is not proven
 
     def but(self, **changes: Any) -> Run:
         return dataclasses.replace(self, **changes)
@@ -121,6 +123,7 @@ def run_stages(stages: Sequence[Stage], run: Run) -> dict:
     """Each stage that applies, in order, timed; the report written at each checkpoint; the last report."""
     rep: dict = {}
     for stage in stages:
+        signals.check()  # a signal whose exception a library swallowed stops the run between stages
         if run.stopped or not stage.applies(run):
             continue
         t = time.perf_counter()
@@ -157,7 +160,7 @@ def run_pipeline(source: str, out: str | Path, options: Options = Options(), pro
             return run_stages(DECODER_STAGES, run)
     if options.export.max_length is not None:
         raise UsageError("--max-length applies to causal language models exported with their KV cache "
-                         "(hf:DIR of a *ForCausalLM)", "drop --max-length, or give --task text-generation")
+                         "(hf:DIR of a *ForCausalLM, without --input)", "drop --max-length")
     with _loaded_into(out, source, options, progress, **_load_kw(options.load)) as run:
         run = run.but(work=Path(tempfile.mkdtemp(prefix=".onnxport-", dir=run.out)))
         try:
@@ -177,7 +180,7 @@ def compare_file(source: str, onnx_path: str | Path, out: str | Path, options: O
     for extra in options.bench.onnx_files[1:] if options.bench else ():
         read_graph(extra)
     with _loaded_into(out, source, options, progress, **_load_kw(options.load)) as run:
-        if onnx_path.resolve().parent == run.out.resolve() and onnx_path.name in RESULT_FILES:
+        if onnx_path.resolve().parent == Path(out).resolve() and onnx_path.name in RESULT_FILES:
             raise UsageError("the ONNX file lies in --out, where results are written", "choose another --out")
         return run_stages(ADOPTED_STAGES, run.but(source_file=onnx_path))
 
@@ -193,49 +196,6 @@ def _variants_of(options: Options, kind: str) -> Options:
                                                     else tuple(parsed)))
 
 
-def refuse_for_decoder(options: Options) -> None:
-    """A causal LM exported with its KV cache takes the options that apply to it (opset, tolerance, variants,
-    budget, --seq as the timed prompt length, --threads, custom-op libraries); each other one is a UsageError
-    naming why, never silently ignored."""
-    load, ex, proof, bench = options.load, options.export, options.proof, options.bench
-    why = "a causal LM is exported with its KV cache"
-    refused = [("--dim", bool(load.dims), "its lengths are set by --max-length"),
-               ("--compare", bool(load.compare), "its proof compares logits and the cache, then generation"),
-               ("--working-sizes", load.working_sizes, "its lengths are set by --max-length"),
-               (f"--exporter {ex.exporter}", ex.exporter not in ("auto", "dynamo"),
-                "only the dynamo exporter keeps the cache's lengths dynamic"),
-               ("--samples", proof.samples is not None, "it is proven by greedy generation on random prompts"),
-               ("--tokenizer/--preprocess", proof.tokenizer is not None or proof.preprocess is not None,
-                "they read --samples"),
-               ("--device cuda", options.runtime.device != "cpu", "its proof and variants run on the CPU today"),
-               (_bench_label(bench, options.optimize.seq), _bench_label(bench, options.optimize.seq) is not None,
-                "its variants are timed by decode tokens/s in convert; benchmarks/decoder.py times PyTorch beside "
-                "them"),
-               (f"--seq {options.optimize.seq}", (options.optimize.seq or 0) >= (ex.max_length or decoder.MAX_LENGTH),
-                f"the timed prompt must leave room in --max-length {ex.max_length or decoder.MAX_LENGTH}")]
-    for option, given, reason in refused:
-        if given:
-            raise UsageError(f"{option} does not apply here: {why} ({reason})",
-                             "drop it, or give --input/--task to export the plain forward without a cache")
-
-
-_BENCH_FLAGS = {"batches": "--batch", "seq_lens": "--seq", "max_seconds": "--seconds", "tune_ort": "--tune",
-                "compile": "--compile", "io_binding": "--io-binding", "onnx_files": "MODEL.onnx files"}
-
-
-def _bench_label(bench: BenchOptions | None, seq: int | None) -> str | None:
-    """None when ``bench`` asks for no more than convert's short benchmark (whose only part a decoder takes is
-    ``threads``, the threads its variants are timed with; ``seq_lens`` (--seq,) is the timed prompt), else the
-    benchmark named with the options that ask for more."""
-    if bench is None:
-        return None
-    quick = dataclasses.replace(QUICK_BENCH, threads=bench.threads, seq_lens=(seq,) if seq else None)
-    if bench == quick:
-        return None
-    flags = [flag for name, flag in _BENCH_FLAGS.items() if getattr(bench, name) != getattr(quick, name)]
-    return "onnxport bench" + (f" ({', '.join(flags)})" if flags else "")
-
-
 def _load_kw(load: LoadOptions, task: bool = True) -> dict[str, Any]:
     """:func:`load_model`'s keywords from the load options (``task`` False: the caller sets it)."""
     kw = {f.name: getattr(load, f.name) for f in dataclasses.fields(load)}
@@ -248,18 +208,19 @@ def _load_kw(load: LoadOptions, task: bool = True) -> dict[str, Any]:
 def _loaded_into(out: str | Path, source: str, options: Options, progress: Progress, check_seq: bool = True,
                  **load_kw: Any) -> Iterator[Run]:
     """The model loaded (its load time in the timings), --seq checked, the samples read and the output folder
-    ready: what every run does first, inside :func:`output_folder` so a failure leaves no empty folder and
-    touches no earlier result."""
+    ready: what every run does first. The output folder is checked before the load and made after it, inside
+    :func:`output_folder`, so a failure leaves no empty folder and touches no earlier result."""
     timings: dict[str, float] = {}
     proof = options.proof
     _check_samples(proof)
+    check_out(Path(out), options.force)  # before the (slow) load; the folder is made after it
     t0 = time.perf_counter()
     progress(f"loading {source}")
+    loaded = load_model(source, **load_kw)
+    timings["load"] = time.perf_counter() - t0
+    if check_seq:
+        _check_seq(loaded, options.optimize.seq)
     with output_folder(out, options.force) as folder:
-        loaded = load_model(source, **load_kw)
-        timings["load"] = time.perf_counter() - t0
-        if check_seq:
-            _check_seq(loaded, options.optimize.seq)
         given = None
         if proof.samples is not None:
             t0 = time.perf_counter()
@@ -267,7 +228,7 @@ def _loaded_into(out: str | Path, source: str, options: Options, progress: Progr
             given = datasets.read_samples(proof.samples, loaded, tokenizer=proof.tokenizer,
                                           preprocess=proof.preprocess)
             timings["samples_read"] = time.perf_counter() - t0
-        yield Run(options, loaded, prepare_out(folder, options.force), progress, timings, given)
+        yield Run(options, loaded, folder, progress, timings, given)
 
 
 def _check_samples(proof: ProofOptions) -> None:
@@ -295,15 +256,17 @@ def _check_seq(loaded: LoadedModel, seq: int | None) -> None:
 
 
 def _export(run: Run) -> Run:
-    """The exporter chain into the scratch folder; a failure ends the run with the attempts and their causes."""
+    """The exporter chain into the scratch folder (its first file); a failure ends the run with the attempts and
+    their causes."""
     loaded, ex = run.loaded, run.options.export
     diags: list[Diagnostic] = list(loaded.diagnostics) + diagnose.static_traps(loaded)
     customs = functions.discover_loaded(loaded)  # autograd.Functions with symbolic(): reported, exported as their ops
     run.progress(f"exporting ({ex.exporter})")
     t = time.perf_counter()
+    found = export_candidates(loaded, run.work / "model.onnx", exporter=ex.exporter, opset=ex.opset,
+                              device=run.device, gpu=run.options.runtime.gpu)
     try:
-        result = run_export(loaded, run.work / "model.onnx", exporter=ex.exporter, opset=ex.opset,
-                            device=run.device, gpu=run.options.runtime.gpu)
+        result = next(found)
     except ExportFailed as e:
         run.timings["export"] = time.perf_counter() - t
         diags.extend(diagnose.enrich(list(e.diagnostics), loaded, ()))
@@ -313,10 +276,19 @@ def _export(run: Run) -> Run:
                           attempts=e.attempts, log=run.options.log_name, custom_functions=customs)
         return run.but(outcome=outcome, stopped=True)
     run.timings["export"] = time.perf_counter() - t
+    run = run.but(candidates=found if ex.exporter == "auto" else None)
+    return _exported(run, result, customs)
+
+
+def _exported(run: Run, result: ExportResult, customs: tuple = ()) -> Run:
+    """``run`` with ``result`` as its export, and the outcome that says how it was made."""
+    loaded = run.loaded
+    diags: list[Diagnostic] = list(loaded.diagnostics) + diagnose.static_traps(loaded)
     explained = diagnose.explain_attempts(result.attempts, loaded, failed=False)
-    kept = next((a for a in result.attempts if a.ok and a.exporter == result.exporter and not a.frozen), None)
-    if kept is not None and kept.exporter in CONTROL_FLOW:  # a strategy kept what the plain exporters could not
-        explained = [dataclasses.replace(d, severity="info") for d in explained]
+    kept = next((a for a in result.attempts if a.ok and a.exporter == result.exporter and not a.frozen
+                 and not a.unproven), None)
+    if kept is not None and (kept.exporter in CONTROL_FLOW or any(a.unproven for a in result.attempts)):
+        explained = [dataclasses.replace(d, severity="info") for d in explained]  # a later strategy made up for it
     diags.extend(explained)
     diags.extend(result.diagnostics)
     diags.extend(diagnose.lost_control_flow(result, loaded))
@@ -335,17 +307,69 @@ def _adopt(run: Run) -> Run:
 
 
 def _prove(run: Run) -> Run:
-    """check + parity (+ localization on failure) of the export and its proof on the samples; a new export is
-    moved into OUT as model.onnx when proven, else model.unverified.onnx."""
-    outcome = _check_and_compare(run, list(run.outcome.diagnostics)).but(
-        log=run.options.log_name, stage_seconds=run.outcome.stage_seconds, custom_functions=run.outcome.custom_functions)
-    run = run.but(loaded=outcome.loaded, outcome=outcome)
-    run = _prove_samples(run)
+    """check + parity (+ localization on failure) of the export and its proof on the samples; with ``auto``, a
+    file that is not proven sends the chain on to its next strategy, and the first proven file is kept (none
+    proven: the first one tried, with its proof). A new export is moved into OUT as model.onnx when proven,
+    else model.unverified.onnx."""
+    first: Run | None = None
+    while True:
+        trial = _proof_of(run, localize_failure=first is None)
+        if trial.proven or run.candidates is None:
+            break
+        why = _why_unproven(trial)
+        if first is None:
+            kept = run.work / "first-unproven.onnx"
+            move_model(trial.result.path, kept)
+            first = trial.but(result=dataclasses.replace(trial.result, path=kept))
+        run.progress(f"the {trial.result.exporter} export is not proven ({why}): trying the next exporter")
+        t = time.perf_counter()
+        try:
+            result = run.candidates.send(why)
+        except StopIteration as stop:
+            trial = first.but(result=dataclasses.replace(first.result, attempts=stop.value or first.result.attempts))
+            trial = trial.but(outcome=trial.outcome.but(export=trial.result))
+            break
+        finally:
+            run.timings["export"] = run.timings.get("export", 0.0) + time.perf_counter() - t
+        run = _exported(run.but(timings=trial.timings), result, run.outcome.custom_functions)
+    if run.candidates is not None:
+        run.candidates.close()
+    run = trial.but(candidates=None)
+    run = run.but(outcome=run.outcome.but(diagnostics=(*run.outcome.diagnostics, *_retried(run))))
     if run.source_file is None:
         final = run.out / ("model.onnx" if run.proven else "model.unverified.onnx")
         move_model(run.result.path, final)
         return run.but(model_file=final, outcome=run.outcome.but(model_path=final.name))
     return run.but(model_file=run.result.path, outcome=run.outcome.but(model_path=str(run.result.path)))
+
+
+def _proof_of(run: Run, localize_failure: bool = True) -> Run:
+    """The proof of ``run``'s export: check, parity, the samples."""
+    outcome = _check_and_compare(run, list(run.outcome.diagnostics), localize_failure).but(
+        log=run.options.log_name, stage_seconds=run.outcome.stage_seconds, custom_functions=run.outcome.custom_functions)
+    return _prove_samples(run.but(loaded=outcome.loaded, outcome=outcome))
+
+
+def _why_unproven(run: Run) -> str:
+    """Why a proof failed, in a line: its first error."""
+    o = run.outcome
+    first = next((d for d in o.diagnostics if d.severity == "error"), None)
+    if first is not None:
+        return one_line(first.message, 200)
+    passed = sum(r.passed for r in o.parity.cases) if o.parity else 0
+    return f"{passed}/{len(o.parity.cases) if o.parity else 0} cases pass"
+
+
+def _retried(run: Run) -> list[Diagnostic]:
+    """An info line per other export that was made but not proven (the chain went on after it)."""
+    result = run.result
+    others = [a for a in result.attempts if a.unproven]
+    if run.proven:
+        return [info("export-retried", f"the {a.exporter} export (opset {a.opset}) was not proven ({a.unproven}); "
+                     f"the {result.exporter} export tried after it is") for a in others]
+    reported = next((a for a in others if a.exporter == result.exporter and a.opset == result.opset), None)
+    return [info("export-retried", f"the {a.exporter} export (opset {a.opset}) was not proven either ({a.unproven})")
+            for a in others if a is not reported]
 
 
 def _optimize(run: Run) -> Run:
@@ -439,7 +463,7 @@ def _prove_samples(run: Run) -> Run:
     return run.but(outcome=outcome, sample_refs=refs)
 
 
-def _check_and_compare(run: Run, diags: list[Diagnostic]) -> Outcome:
+def _check_and_compare(run: Run, diags: list[Diagnostic], localize_failure: bool = True) -> Outcome:
     """The proof: structural check, branch coverage, parity on the case matrix, and the localization of the
     first failing case. The returned outcome's ``loaded`` runs on the run's device."""
     loaded, result, tolerance, timings = run.loaded, run.result, run.options.proof.tolerance, run.timings
@@ -467,7 +491,7 @@ def _check_and_compare(run: Run, diags: list[Diagnostic]) -> Outcome:
     diags.extend(parity.diagnostics)
     divergence = None
     failing = [(c, r) for c, r in zip(cases, parity.cases) if not r.passed and r.failure is not Failure.TORCH]
-    if failing and not parity.load_error:
+    if failing and not parity.load_error and localize_failure:
         run.progress("localizing the divergence")
         t = time.perf_counter()
         divergence = localize.find(loaded, result.path, failing[0][0], tolerance, providers=run.providers())
@@ -529,26 +553,41 @@ def _as_dims(dims: Sequence[str | Dim] | None) -> list[Dim]:
 def load_model(source: str, *, inputs: Sequence[str | InputSpec] | None = None,
                dims: Sequence[str | Dim] | None = None, model_args: dict | str | None = None,
                weights: str | None = None, task: str | None = None, trust_remote_code: bool = False,
-               compare: Sequence[str] | dict[str, str] | None = None, working_sizes: bool = False) -> LoadedModel:
+               compare: Sequence[str] | dict[str, str] | None = None, working_sizes: bool = False,
+               strict_dims: bool = False) -> LoadedModel:
     """Load a model source (the SOURCE forms of the README) into a LoadedModel; ``compare``: how parity judges
-    some outputs (``NAME=KIND`` strings or a dict, see :mod:`onnxport.prove.compare`); ``working_sizes``: when
-    the model runs at some sizes of a dim only, keep those sizes (else that is a ConstrainedDims error)."""
+    some outputs (``NAME=KIND`` strings or a dict, see :mod:`onnxport.prove.compare`). When the model runs at
+    some sizes of a dim only (multiples of 32, perfect squares, …), those sizes are kept and named in a
+    ``constrained-dim`` warning; ``strict_dims`` makes that a ConstrainedDims error instead (``working_sizes``
+    is the default and kept for the command lines that spell it)."""
     rules = compare if isinstance(compare, dict) else judging.parse_rules(compare)  # a typo fails before the load
     args = parse_model_args(model_args) if isinstance(model_args, str) else (model_args or {})
-    declared = _as_dims(dims)
+    declared = {d.symbol: d for d in _as_dims(dims)}
     kw = dict(inputs=_as_specs(inputs), model_args=args, weights=weights, task=task,
               trust_remote_code=trust_remote_code)
-    try:
-        loaded = load(source, dims=declared, **kw)
-    except ConstrainedDims as e:
-        if not working_sizes:
-            raise
-        kept = {d.symbol: d for d in declared}
-        kept.update({sym: Dim(sym, runs[0], runs[-1], sizes=runs) for sym, (runs, _) in e.probed.items()})
-        loaded = load(source, dims=list(kept.values()), **kw)
-        note = info("dim-constrained", f"{e.message}; proven at the sizes that run (--working-sizes)",
-                    hint="the ONNX model is proven at these sizes only: feed it those")
-        loaded = dataclasses.replace(loaded, diagnostics=(*loaded.diagnostics, note))
+    found: dict[str, tuple[tuple[int, ...], str | None]] = {}
+    for tries in range(1, 6):  # each pass may find another constrained dim, once the first keeps to its sizes
+        try:
+            loaded = load(source, dims=list(declared.values()), **kw)
+            break
+        except ConstrainedDims as e:
+            if strict_dims or tries == 5 or not set(e.sizes) - set(found):
+                raise
+            for sym, sizes in e.sizes.items():
+                declared[sym] = Dim(sym, sizes[0], sizes[-1], sizes=sizes, rule=e.rules.get(sym))
+                found[sym] = (sizes, e.rules.get(sym))
+    if found:
+        loaded = dataclasses.replace(loaded, diagnostics=(*loaded.diagnostics, *_constrained(found)))
     return judging.resolve(loaded, rules)
 
 
+def _constrained(found: dict[str, tuple[tuple[int, ...], str | None]]) -> list[Diagnostic]:
+    """A ``constrained-dim`` warning per dim the model runs at some sizes of only."""
+    out = []
+    for sym, (sizes, rule) in found.items():
+        shown = ", ".join(map(str, sizes[:6])) + (", …" if len(sizes) > 6 else "")
+        what = f"{rule} ({sizes[0]}..{sizes[-1]})" if rule else f"these sizes: {shown}"
+        out.append(warning("constrained-dim", f"the PyTorch model runs with {sym} at {what} only: proven at those "
+                           "sizes", hint=f"feed the ONNX model {sym} at those sizes; --strict-dims makes this an "
+                                         "error (exit 2)"))
+    return out

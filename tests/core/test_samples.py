@@ -193,10 +193,11 @@ def test_make_inputs_masks_are_binary(values):
     assert set(mask.unique().tolist()) <= {0, 1}
     assert flags.dtype == torch.bool
     for m in (mask, flags):
-        # attention-style: every row is ones followed by trailing padding
+        # attention-style: every row is one run of ones, padded before (left) or after (right) it
         for row in _rows(m):
             keep = sum(row)
-            assert row == [1] * keep + [0] * (len(row) - keep)
+            assert keep >= 1
+            assert row in ([1] * keep + [0] * (len(row) - keep), [0] * (len(row) - keep) + [1] * keep)
 
 
 def test_make_inputs_random_mask_rows_keep_at_least_one_token():
@@ -209,10 +210,7 @@ def test_make_inputs_random_mask_rows_keep_at_least_one_token():
 def test_make_inputs_mask_with_explicit_binary_range():
     (m,) = make_inputs((parse_input("attention_mask:int32[batch,seq]{0..1}"),), {"batch": 3, "seq": 4}, "edge")
     assert m.dtype == torch.int32
-    rows = _rows(m)
-    assert rows[0] == [1, 1, 1, 1]
-    assert [0, 0, 0, 0] in rows
-    assert all(set(r) <= {0, 1} for r in rows)
+    assert _rows(m) == [[1, 1, 1, 1], [1, 0, 0, 0], [0, 0, 0, 1]]
 
 
 def test_make_inputs_mask_name_with_other_range_is_not_a_mask():
@@ -220,19 +218,31 @@ def test_make_inputs_mask_name_with_other_range_is_not_a_mask():
     assert 10 <= int(m.min()) <= int(m.max()) <= 12
 
 
-def test_make_inputs_edge_mask_full_and_all_padding_rows_batch3():
+def test_make_inputs_edge_mask_full_left_and_right_padded_rows_batch3():
     _, mask, _, _, flags, *_ = make_inputs(SPECS, {"batch": 3, "seq": 5, "h": 3}, "edge", seed=0)
     for m in (mask, flags):
-        rows = _rows(m)
-        assert [1] * 5 in rows
-        assert [0] * 5 in rows
+        # full, right-padded to the first token, left-padded to the last: never a row that attends to nothing
+        assert _rows(m) == [[1] * 5, [1, 0, 0, 0, 0], [0, 0, 0, 0, 1]]
 
 
-def test_make_inputs_edge_mask_full_and_all_padding_rows_batch2():
+def test_make_inputs_edge_mask_batch2_is_full_and_left_padded():
     (mask,) = make_inputs((parse_input("attention_mask:int64[batch,seq]"),), {"batch": 2, "seq": 5}, "edge")
-    rows = _rows(mask)
-    assert [1] * 5 in rows
-    assert [0] * 5 in rows
+    assert _rows(mask) == [[1] * 5, [0, 0, 0, 0, 1]]
+
+
+def test_make_inputs_edge_mask_batch5_and_4d():
+    (mask,) = make_inputs((parse_input("attention_mask:int64[batch,seq]"),), {"batch": 5, "seq": 6}, "edge")
+    assert _rows(mask) == [[1] * 6, [1, 0, 0, 0, 0, 0], [0, 0, 0, 1, 1, 1], [1, 0, 0, 0, 0, 0],
+                           [0, 0, 0, 0, 0, 1]]
+    (m4,) = make_inputs((parse_input("attention_mask:int64[batch,1,1,seq]"),), {"batch": 3, "seq": 4}, "edge")
+    assert m4.reshape(3, 4).tolist() == [[1, 1, 1, 1], [1, 0, 0, 0], [0, 0, 0, 1]]
+
+
+@pytest.mark.parametrize("values", ["random", "edge"])
+@pytest.mark.parametrize(("batch", "seq"), [(1, 1), (2, 1), (3, 2), (8, 7)])
+def test_make_inputs_no_mask_row_attends_to_nothing(values, batch, seq):
+    (mask,) = make_inputs((parse_input("attention_mask:int64[batch,seq]"),), {"batch": batch, "seq": seq}, values)
+    assert all(sum(r) >= 1 for r in _rows(mask))
 
 
 def test_make_inputs_mask_1d_is_all_ones():

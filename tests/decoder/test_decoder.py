@@ -184,13 +184,14 @@ def test_max_length_beyond_the_positions_is_a_usage_error():
         decoder.cache_layout(_tiny("llama"), 1000)
 
 
-def test_max_length_beyond_the_sliding_window_is_a_usage_error():
+def test_max_length_beyond_the_sliding_window_keeps_the_window_in_the_layout():
+    """The exported cache keeps every token and the mask applies the window: past it is taken (and proven,
+    tests/decoder/test_families.py), the layout names the window."""
     config = transformers.MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
                                         sliding_window=16)
-    with pytest.raises(UsageError, match="sliding window"):
-        decoder.cache_layout(transformers.MistralForCausalLM(config), 64)
-    assert decoder.cache_layout(transformers.MistralForCausalLM(config), 16).kv_heads == 2
+    assert decoder.cache_layout(transformers.MistralForCausalLM(config), 64).sliding_window == 16
+    assert decoder.cache_layout(transformers.MistralForCausalLM(config), 16).sliding_window is None
 
 
 def test_missing_kv_heads_defaults_to_the_heads():
@@ -202,19 +203,20 @@ def test_missing_kv_heads_defaults_to_the_heads():
     assert decoder.cache_layout(model, 16).kv_heads == 4
 
 
-def test_kv_heads_the_model_does_not_have_is_a_usage_error():
-    """A config that says 4 kv heads for a model with 2: the dry run sees the cache layout differ."""
+def test_kv_heads_come_from_the_cache_the_model_returns():
+    """A config that says 4 kv heads for a model with 2: the layout is the cache the model returns."""
     model = _tiny("llama")
     del model.config.num_key_value_heads
-    with pytest.raises(UsageError, match=r"does not take a standard key/value cache \(\[batch, 4, past, 16\]"):
-        decoder.cache_layout(model, 16)
+    layout = decoder.cache_layout(model, 16)
+    assert (layout.heads, layout.kv_heads, layout.head_dim) == (4, 2, 16)
 
 
-def test_config_without_heads_is_a_usage_error():
+def test_config_without_heads_is_a_usage_error_naming_the_model():
     model = _tiny("llama")
     model.config = SimpleNamespace(model_type="odd", num_hidden_layers=2, hidden_size=64, vocab_size=128)
-    with pytest.raises(UsageError, match="no 'num_attention_heads'"):
+    with pytest.raises(UsageError, match="fails on a 3-token prompt with an empty key/value cache") as err:
         decoder.cache_layout(model, 16)
+    assert "--input" in err.value.hint and "--task" not in err.value.hint
 
 
 class OddForCausalLM(torch.nn.Module):
@@ -232,7 +234,7 @@ class OddForCausalLM(torch.nn.Module):
 
 
 def test_unknown_cache_layout_is_a_usage_error():
-    with pytest.raises(UsageError, match="does not take a standard key/value cache") as err:
+    with pytest.raises(UsageError, match="returns a tuple that is not a per-layer key/value cache") as err:
         decoder.cache_layout(OddForCausalLM(), 16)
     assert "without a cache" in err.value.hint and "\n" not in str(err.value)
 
@@ -253,11 +255,12 @@ def test_newest_opset_onnxruntime_runs_is_chosen(monkeypatch, tmp_path):
     monkeypatch.setattr(exporting, "ort_cannot_run",
                         lambda path, layout: "onnxruntime cannot run it at past 0: refused" if written[-1] == newest
                         else None)
-    made = decoder.export_decoder(None, None, tmp_path / "m.onnx")
+    layout = SimpleNamespace(max_length=16)
+    made = decoder.export_decoder(torch.nn.Linear(1, 1), layout, tmp_path / "m.onnx")
     assert made.opset == newest - 1 and written == [newest, newest - 1]
     assert made.tried == (f"opset {newest}: onnxruntime cannot run it at past 0: refused",)
     with pytest.raises(UsageError, match="opset 99"):
-        decoder.export_decoder(None, None, tmp_path / "m.onnx", opset=99)
+        decoder.export_decoder(torch.nn.Linear(1, 1), layout, tmp_path / "m.onnx", opset=99)
 
 
 def test_unproven_export_is_written_under_the_unverified_name(monkeypatch, tmp_path):

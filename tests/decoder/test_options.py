@@ -29,6 +29,7 @@ def llama_dir(tmp_path_factory) -> Path:
     ("load", {"dims": ["seq=1..64"]}, "--dim"),
     ("load", {"compare": ["logits=cosine"]}, "--compare"),
     ("load", {"working_sizes": True}, "--working-sizes"),
+    ("load", {"strict_dims": True}, "--strict-dims"),
     ("load", {"model_args": {"hidden": 8}}, "--model-args"),
     ("export", {"exporter": "torchscript"}, "--exporter torchscript"),
     ("proof", {"samples": "prompts.txt"}, "--samples"),

@@ -1,4 +1,5 @@
-"""A dim that takes some sizes only: the sizes that run and fail are named; --working-sizes proves on them."""
+"""A dim that takes some sizes only: proven at the sizes that run, the rule named (a warning); --strict-dims
+refuses, naming the sizes that run and fail."""
 
 from __future__ import annotations
 
@@ -34,33 +35,52 @@ def test_patterns_are_named_only_when_they_fit_every_probe():
     assert _pattern((4, 8, 9), (1, 2, 3, 5)) == ""
 
 
-def test_without_the_flag_the_sizes_that_run_are_listed_and_nothing_is_written(tmp_path):
+def test_strict_dims_lists_the_sizes_that_run_and_writes_nothing(tmp_path):
     out = tmp_path / "o"
-    proc = run_cli("export", f"{FX}:Fours", "-i", "x:float32[batch,n,8]", "-d", "n=1..64", "-o", str(out))
+    proc = run_cli("export", f"{FX}:Fours", "-i", "x:float32[batch,n,8]", "-d", "n=1..64", "--strict-dims",
+                   "-o", str(out))
     assert proc.returncode == 2
     line = proc.stderr.strip()
     assert len(line.splitlines()) == 1 and "Traceback" not in proc.stderr
     assert "n: runs at 4, 8, 12, 16" in line and "fails at 1, 2, 3, 5" in line and "(multiples of 4)" in line
-    assert "--working-sizes" in line and "-d n=4,8,12" in line
+    assert "--strict-dims" in line and "-d n=4,8,12" in line
     assert not out.exists()
 
 
 def test_a_square_grid_is_named(tmp_path):
-    proc = run_cli("export", f"{FX}:Grid", "-i", "x:float32[batch,n,8]", "-d", "n=1..100", "-o", str(tmp_path / "o"))
+    proc = run_cli("export", f"{FX}:Grid", "-i", "x:float32[batch,n,8]", "-d", "n=1..100", "--strict-dims",
+                   "-o", str(tmp_path / "o"))
     assert proc.returncode == 2 and "runs at 1, 4, 9, 16, 25" in proc.stderr and "(perfect squares)" in proc.stderr
 
 
-def test_with_the_flag_it_is_proven_at_the_sizes_that_run(tmp_path):
+def test_by_default_it_is_proven_at_the_sizes_that_run_and_the_rule_named(tmp_path):
     out = tmp_path / "o"
-    proc = run_cli("export", f"{FX}:Fours", "-i", "x:float32[batch,n,8]", "-d", "n=1..64", "--working-sizes",
-                   "-o", str(out))
+    proc = run_cli("export", f"{FX}:Fours", "-i", "x:float32[batch,n,8]", "-d", "n=1..64", "-o", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "constrained-dim" in proc.stdout + proc.stderr and "multiples of 4" in proc.stdout + proc.stderr
     rep = load_report(out)
     sizes = {c["sizes"]["n"] for c in rep["validation"]["cases"]}
     assert len(sizes) >= 3 and all(n % 4 == 0 for n in sizes)
     assert {d["symbol"] for d in rep["check"]["dynamic_dims"] if d["proven"]} == {"batch", "n"}
-    assert any(d["code"] == "dim-constrained" and "multiples of 4" in d["message"] for d in rep["diagnostics"])
+    assert any(d["code"] == "constrained-dim" and d["severity"] == "warning" and "multiples of 4" in d["message"]
+               for d in rep["diagnostics"])
+    assert rep["model"]["dims"]["n"]["rule"] == "multiples of 4"
+    assert rep["model"]["dims"]["n"]["sizes"] == list(range(4, 65, 4))  # every multiple in range, not only probed
+    flagged = run_cli("export", f"{FX}:Fours", "-i", "x:float32[batch,n,8]", "-d", "n=1..64", "--working-sizes",
+                      "-o", str(tmp_path / "flagged"))
+    assert flagged.returncode == 0  # the old spelling still works
     again = run_cli("export", f"{FX}:Fours", "-i", "x:float32[batch,n,8]", "-d", "n=4,12,32",
                     "-o", str(tmp_path / "declared"))
     assert again.returncode == 0  # the sizes declared by hand work the same way
     assert {c["sizes"]["n"] for c in load_report(tmp_path / "declared")["validation"]["cases"]} <= {4, 12, 32}
+
+
+def test_every_constrained_dim_is_found_windows_in_h_and_w(tmp_path):
+    out = tmp_path / "o"
+    proc = run_cli("export", f"{FX}:Windows", "-i", "x:float32[batch,3,h,w]", "-d", "h=8..64", "-d", "w=8..64",
+                   "-o", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rep = load_report(out)
+    assert rep["model"]["dims"]["h"]["rule"] == rep["model"]["dims"]["w"]["rule"] == "multiples of 8"
+    assert all(c["sizes"]["h"] % 8 == 0 and c["sizes"]["w"] % 8 == 0 for c in rep["validation"]["cases"])
+    assert rep["status"] == "ok"

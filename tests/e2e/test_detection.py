@@ -27,3 +27,28 @@ def test_a_detector_is_proven_at_several_sizes_with_ties_reported(tmp_path):
     codes = {d["code"] for d in rep["diagnostics"]}
     assert "detections-borderline" in codes
     assert {d["symbol"] for d in rep["check"]["dynamic_dims"] if d["proven"]} == {"height", "width"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("detector", [
+    "TiedDetector",
+    pytest.param("FcosDetector", marks=pytest.mark.xfail(
+        reason="FCOS with random weights outputs zero-width boxes: identical on both sides, but their IoU is 0, "
+               "so detections matching by IoU pairs none (prove/compare.py: match_detections)", strict=False)),
+])
+def test_a_detector_resizes_like_eager_where_the_traced_resize_is_a_pixel_off(tmp_path, detector):
+    """At 32×77 torchvision's traced resize size (float32) is a pixel wider than eager's (float64): the image
+    entering the backbone differs. The export patches the resize while exporting and records it."""
+    pytest.importorskip("torchvision")
+    out = tmp_path / "det"
+    proc = run_cli("export", f"{FIXTURE}:{detector}", "-i", "image:float32[1,3,height,width]",
+                   "-d", "height=32..160", "-d", "width=77..160", "--exporter", "torchscript", "-o", str(out))
+    rep = load_report(out)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert rep["status"] == "ok"
+    cases = rep["validation"]["cases"]
+    assert any(c["shapes"]["image"][2:] == [32, 77] for c in cases)  # the min case: a pixel off unpatched
+    boxes = [c["outputs"]["output_0_boxes"] for c in cases]
+    assert all(b["unmatched"] == 0 for b in boxes) and sum(b["matched"] for b in boxes) > 0
+    patched = [d for d in rep["diagnostics"] if d["code"] == "export-patch"]
+    assert len(patched) == 1 and "torchvision-rcnn-resize" in patched[0]["message"]

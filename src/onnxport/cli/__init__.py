@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import signal as _signal
+
+# Ctrl-C while the (slow) imports below run: one line and exit 130, no traceback. main() then installs the
+# handlers of a run (core.signals).
+_signal.signal(_signal.SIGINT, lambda *_: (print("interrupted", file=__import__("sys").stderr),
+                                           __import__("os")._exit(130)))
+
 import functools
 import json
 import os
@@ -27,12 +34,15 @@ from onnxport.cli.groups import (
     takes,
 )
 from onnxport.cli.render import err, print_report, print_summary
+from onnxport.core import signals
 from onnxport.core.errors import (
     EXIT_EXPORT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
     EXIT_VALIDATION_FAILED,
+    DiskFull,
     OnnxportError,
+    disk_full,
     one_line,
 )
 from onnxport.core.logs import LibraryLog
@@ -72,10 +82,22 @@ def _guard(fn):
             raise typer.Exit(e.exit_code) from None
         except typer.Exit:
             raise
+        except SystemExit as e:  # sys.exit() in the model's own code: not a result
+            err.print(f"[bold red]error:[/] the model's code called sys.exit({escape(str(e.code))}) while onnxport "
+                      "ran it. Hint: remove the sys.exit() from the module or forward(); nothing was written.",
+                      markup=True)
+            raise typer.Exit(EXIT_USAGE) from None
+        except signals.Stopped as e:
+            err.print(e.word)
+            raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             err.print("interrupted")
             raise typer.Exit(130) from None
         except Exception as e:  # noqa: BLE001 - last line of defence: a bug, reported in one line
+            if disk_full(e):
+                full = DiskFull()
+                err.print(f"[bold red]error:[/] {escape(full.message)}. Hint: {escape(full.hint)}", markup=True)
+                raise typer.Exit(full.exit_code) from None
             if os.environ.get("ONNXPORT_DEBUG"):
                 raise
             err.print(f"[bold red]internal error:[/] {type(e).__name__}: {escape(one_line(e))}. "
@@ -225,6 +247,12 @@ def serve(path: Annotated[Path, typer.Argument(help="an output folder, a .onnx f
               "--name", help="the served model's name (default: the output folder's or file's name)")] = None,
           grpc_port: Annotated[int | None, typer.Option(
               "--grpc-port", min=1, max=65535, help="also serve Triton gRPC on this port (same host; default: off)")] = None,
+          header_timeout_s: Annotated[float, typer.Option(
+              "--header-timeout-s", help="HTTP: longest a request's headers may take to arrive")] = 10.0,
+          body_timeout_s: Annotated[float, typer.Option(
+              "--body-timeout-s", help="HTTP: longest a request's body may take to arrive, after its headers")] = 60.0,
+          idle_timeout_s: Annotated[float, typer.Option(
+              "--idle-timeout-s", help="HTTP: longest a connection may stay open with no request under way")] = 5.0,
           custom_op_python: Annotated[list[Path] | None, typer.Option(
               "--custom-op-python", help="Python file registering ort_python_op implementations; repeatable")] = None,
           *, runtime: RuntimeOptions) -> None:
@@ -233,9 +261,11 @@ def serve(path: Annotated[Path, typer.Argument(help="an output folder, a .onnx f
     from onnxport import pipeline
     from onnxport.core.errors import UsageError
     from onnxport.runtime import ops
-    from onnxport.serve import discover, listen, require_grpc, run, signature
-    from onnxport.serve.generate import decoder_layout
+    from onnxport.serve import Timeouts, check_limits, discover, listen, require_grpc, run
 
+    # every option is checked before anything is loaded or started
+    check_limits(max_batch=max_batch, max_delay_ms=max_delay_ms, max_body_bytes=max_body_mb * 2**20, flags=True)
+    timeouts = Timeouts(header_timeout_s, body_timeout_s, idle_timeout_s).checked()
     if grpc_port is not None:
         require_grpc()  # a missing extra fails in one line, before anything starts
         if grpc_port == port:
@@ -243,25 +273,28 @@ def serve(path: Annotated[Path, typer.Argument(help="an output folder, a .onnx f
     pipeline.use_runtime(runtime)
     for file in custom_op_python or []:
         ops.import_implementations(file)
-    models = discover(path, name)  # a bad PATH fails here, in one line, before anything starts
+    discover(path, name)  # a bad PATH fails here, in one line, before anything starts
     sock = listen(host, port)  # so does a port that is taken
     if grpc_port is not None:
         listen(host, grpc_port).close()  # and the gRPC one
     where = '[' + host + ']' if ':' in host else host
     base = f"http://{where}:{port}"
-    err.print(f"serving {path} on {base}/v2 (Ctrl-C or SIGTERM stops after in-flight requests finish)")
-    if grpc_port is not None:
-        err.print(f"  gRPC (KServe v2 / Triton inference.GRPCInferenceService) on {where}:{grpc_port}")
-    for m in models:
-        err.print(f"  model {m.name!r} ({m.onnx_path.name}): POST {base}/v2/models/{m.name}/infer")
-        if decoder_layout(signature(m.onnx_path), m.decoder_layout) is not None:
-            err.print(f"    a decoder with its KV cache: POST {base}/v2/models/{m.name}/generate and /generate_stream")
-        if m.batching_off:
-            err.print(f"    batching off: {m.batching_off}")
+
+    def loaded(app) -> None:  # printed only once every model has loaded
+        err.print(f"serving {path} on {base}/v2 (Ctrl-C or SIGTERM stops after in-flight requests finish)")
+        if grpc_port is not None:
+            err.print(f"  gRPC (KServe v2 / Triton inference.GRPCInferenceService) on {where}:{grpc_port}")
+        for m in app.state.models.values():
+            err.print(f"  model {m.name!r} ({m.source.onnx_path.name}): POST {base}/v2/models/{m.name}/infer")
+            if m.generator is not None:
+                err.print(f"    a decoder with its KV cache: POST {base}/v2/models/{m.name}/generate and /generate_stream")
+            if m.source.batching_off:
+                err.print(f"    batching off: {m.source.batching_off}")
+
     try:
         run(path, host=host, port=port, max_batch=max_batch, max_delay_ms=max_delay_ms,
-            max_body_bytes=int(max_body_mb * 1024 * 1024), name=name, sock=sock, grpc_port=grpc_port,
-            runtime=runtime)
+            max_body_bytes=int(max_body_mb * 2**20), name=name, sock=sock, grpc_port=grpc_port,
+            runtime=runtime, timeouts=timeouts, on_loaded=loaded)
     except KeyboardInterrupt:
         raise typer.Exit(0) from None
 
@@ -277,8 +310,18 @@ def triton(out: Annotated[Path, typer.Argument(help="an output folder (or a .onn
            gpu: Annotated[bool, typer.Option("--gpu", help="GPU instances and the TensorRT accelerator")] = False,
            json_out: JsonOpt = False, force: ForceOpt = False) -> None:
     """Write a Triton Inference Server model repository and a KServe InferenceService manifest."""
+    from onnxport.core.errors import UsageError
     from onnxport.deploy import triton_repository
+    from onnxport.serve import check_limits
+    from onnxport.serve.models import check_model_name, check_repository_folder
 
+    # every option is checked before the model is read
+    check_limits(max_batch=max_batch, max_delay_ms=max_delay_ms, flags=True)
+    if instances < 1:
+        raise UsageError(f"--instances must be at least 1, got {instances}", "pass the number of model instances")
+    if name is not None:
+        check_model_name(name)
+    check_repository_folder(repo)
     res = triton_repository(out, repo, name=name, max_batch=max_batch, max_delay_ms=max_delay_ms,
                             instance_count=instances, gpu=gpu, force=force)
     if json_out:
@@ -366,6 +409,7 @@ def doctor(json_out: JsonOpt = False) -> None:
 def main() -> None:
     """Console-script entry point. Usage mistakes (unknown options, bad values, a missing argument) are
     answered in one line with exit 2, like every other bad input."""
+    signals.install()
     try:
         code = app(standalone_mode=False)
     except _USAGE_ERROR as e:
@@ -380,6 +424,9 @@ def main() -> None:
     except typer.Abort:
         err.print("interrupted")
         code = 130
+    except signals.Stopped as e:
+        err.print(e.word)
+        code = e.exit_code
     sys.exit(code or 0)
 
 

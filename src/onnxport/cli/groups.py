@@ -91,11 +91,14 @@ def load_group(
         "--compare", help="OUTPUT=detections|topk|cosine|exact: how parity judges an output (default: exact, "
                           "detections for outputs named *boxes/*scores/*labels); repeatable")] = None,
     working_sizes: Annotated[bool, typer.Option(
-        "--working-sizes", help="when the model runs at some sizes of a dim only, prove at those (else exit 2 "
-                                "listing which sizes run)")] = False,
+        "--working-sizes", help="when the model runs at some sizes of a dim only, prove at those (the default)")
+    ] = False,
+    strict_dims: Annotated[bool, typer.Option(
+        "--strict-dims", help="when the model runs at some sizes of a dim only, exit 2 listing which sizes run "
+                              "(default: prove at those, with a constrained-dim warning)")] = False,
 ) -> LoadOptions:
     return LoadOptions(tuple(input or ()), tuple(dim or ()), model_args, weights, task, trust_remote_code,
-                       tuple(compare) if compare else None, working_sizes)
+                       tuple(compare) if compare else None, working_sizes, strict_dims)
 
 
 # --------------------------------------------------------------------------- export

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 # Exit codes (public contract).
 EXIT_OK = 0
 EXIT_VALIDATION_FAILED = 1
@@ -35,9 +37,12 @@ class ConstrainedDims(UsageError):
     """The model runs at some sizes of a dynamic dim only (exit 2). ``probed`` maps each such dim's symbol to
     (sizes that ran, sizes that failed), so a caller can prove at the sizes that run when the user agrees."""
 
-    def __init__(self, message: str, hint: str, probed: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]) -> None:
+    def __init__(self, message: str, hint: str, probed: dict[str, tuple[tuple[int, ...], tuple[int, ...]]],
+                 rules: dict[str, str] | None = None, sizes: dict[str, tuple[int, ...]] | None = None) -> None:
         super().__init__(message, hint, code="dim-constrained")
         self.probed = probed
+        self.rules = rules or {}  # the rule each dim's working sizes follow, where one fits: "multiples of 32"
+        self.sizes = sizes or {sym: runs for sym, (runs, _) in probed.items()}  # every size of the range that runs
 
 
 class BadSamples(UsageError):
@@ -75,6 +80,29 @@ class EnvironmentProblem(OnnxportError):
     """A dependency is missing or the environment cannot do what was asked (exit 4)."""
 
     exit_code = EXIT_ENVIRONMENT
+
+
+class DiskFull(EnvironmentProblem):
+    """No space left on the device the run writes to (exit 4): nothing of the run is kept."""
+
+    def __init__(self, where: str = "") -> None:
+        at = f" writing {where}" if where else ""
+        super().__init__(f"no space left on the device{at}; nothing of this run was kept",
+                         "free some space (a large model needs about 3× its weights), or choose an --out on "
+                         "another disk", code="disk-full")
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) is a full disk or an exceeded quota."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def missing_dependency(package: str, extra: str) -> EnvironmentProblem:

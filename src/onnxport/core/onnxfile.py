@@ -16,7 +16,17 @@ EXTERNAL_DATA_THRESHOLD = 2 * 1024**3
 def external_threshold() -> int:
     """Weights above this many bytes go to external data (env ONNXPORT_EXTERNAL_DATA_THRESHOLD, default 2 GiB:
     protobuf cannot hold more in one file)."""
-    return int(os.environ.get("ONNXPORT_EXTERNAL_DATA_THRESHOLD", EXTERNAL_DATA_THRESHOLD))
+    text = os.environ.get("ONNXPORT_EXTERNAL_DATA_THRESHOLD")
+    if text is None:
+        return EXTERNAL_DATA_THRESHOLD
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise UsageError(f"ONNXPORT_EXTERNAL_DATA_THRESHOLD must be a number of bytes >= 0, got '{text}'",
+                         "e.g. ONNXPORT_EXTERNAL_DATA_THRESHOLD=1000000000, or unset it (default 2 GiB)")
+    return value
 
 
 def state_bytes(module) -> int:

@@ -11,14 +11,18 @@ that is not a finite number >= 0, a batch size or thread count below 1 or a budg
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from onnxport.core.errors import UsageError
+from onnxport.core.onnxfile import external_threshold
 from onnxport.core.records import FP32, Tolerance
-from onnxport.core.spec import Dim, InputSpec
+from onnxport.core.spec import Dim, InputSpec, merge_dims, parse_dim, parse_input
 
 DEVICES = ("cpu", "cuda")
 
@@ -50,7 +54,7 @@ class GpuOptions:
 @dataclass(frozen=True)
 class LoadOptions:
     """How the model source is loaded (``--input``, ``--dim``, ``--model-args``, ``--weights``, ``--task``,
-    ``--trust-remote-code``, ``--compare``, ``--working-sizes``)."""
+    ``--trust-remote-code``, ``--compare``, ``--working-sizes``, ``--strict-dims``)."""
 
     inputs: tuple[str | InputSpec, ...] = ()
     dims: tuple[str | Dim, ...] = ()
@@ -59,7 +63,8 @@ class LoadOptions:
     task: str | None = None
     trust_remote_code: bool = False
     compare: tuple[str, ...] | Mapping[str, str] | None = None
-    working_sizes: bool = False
+    working_sizes: bool = False  # the default now; kept for the command lines that spell it
+    strict_dims: bool = False  # a dim the model runs at some sizes of only is an error (exit 2)
 
 
 @dataclass(frozen=True)
@@ -157,6 +162,8 @@ class Options:
             raise UsageError(f"--budget must be a number of seconds > 0, got {self.optimize.budget}", "e.g. --budget 300")
         if self.bench is not None:
             check_bench(self.bench)
+        check_load(self.load, self.bench)
+        external_threshold()  # a malformed ONNXPORT_EXTERNAL_DATA_THRESHOLD fails here, not after the export
         return self
 
 
@@ -180,6 +187,57 @@ def check_bench(b: BenchOptions) -> None:
     _at_least("--min-runs", b.min_runs, 1)
     if not (math.isfinite(b.max_seconds) and b.max_seconds > 0):
         raise UsageError(f"--seconds must be > 0, got {b.max_seconds}", "e.g. --seconds 10")
+
+
+MAX_BATCH = 65536  # bench --batch: beyond this no input is realistic, and the machine would be killed first
+MEMORY_SHARE = 4  # the declared inputs at their largest sizes may take at most 1/4 of the machine's memory
+
+
+def check_load(load: LoadOptions, bench: BenchOptions | None = None) -> None:
+    """The declared inputs and dims, before the model is loaded: no zero-size axis (a proof on empty tensors
+    proves nothing), no dim declared with one size only (that is a fixed size: write it in --input), and the
+    inputs at their largest declared sizes (and bench's largest --batch) fit in a share of this machine's memory."""
+    specs = [i if isinstance(i, InputSpec) else parse_input(i) for i in load.inputs]
+    dims = [d if isinstance(d, Dim) else parse_dim(d) for d in load.dims]
+    for spec in specs:
+        if 0 in spec.shape:
+            raise UsageError(f"--input '{spec.name}' has a zero-size axis ({spec})",
+                             "a proof on empty tensors checks nothing: give the axis a size, or a dim symbol")
+    for d in dims:
+        if d.min == d.max:
+            raise UsageError(f"--dim {d} declares one size only, so the dim cannot vary",
+                             f"write the size in --input instead of '{d.symbol}' (it is then fixed), or give a range "
+                             f"with two sizes at least, e.g. -d {d.symbol}={d.min}..{d.min * 2}")
+    if bench is not None and max(bench.batches, default=1) > MAX_BATCH:
+        raise UsageError(f"--batch {max(bench.batches)} is beyond any realistic batch (at most {MAX_BATCH})",
+                         "time the batch sizes you serve, e.g. --batch 1,8,32")
+    if not specs:
+        return
+    declared = merge_dims(specs, dims)
+    largest = {sym: d.max for sym, d in declared.items()}
+    if bench is not None:
+        largest.update({sym: max(largest[sym], *bench.batches) for sym in largest if "batch" in sym.lower()})
+    need = sum(_bytes(spec, largest) for spec in specs)
+    limit = machine_memory() // MEMORY_SHARE
+    if need > limit:
+        raise UsageError(f"at their largest declared sizes the inputs alone take {need / 2**30:.1f} GiB, more than "
+                         f"a quarter of this machine's memory ({limit * MEMORY_SHARE / 2**30:.1f} GiB)",
+                         "declare the ranges the model really serves with --dim (or smaller sizes in --input)")
+
+
+def _bytes(spec: InputSpec, sizes: dict[str, int]) -> int:
+    n = 1
+    for axis in spec.shape:
+        n *= sizes.get(axis, 1) if isinstance(axis, str) else int(axis)
+    return n * np.dtype(spec.dtype if spec.dtype != "bfloat16" else "float16").itemsize
+
+
+def machine_memory() -> int:
+    """Bytes of memory on this machine (64 GiB when it cannot be read)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 64 * 2**30
 
 
 def _at_least(option: str, value: int | None, low: int) -> None:

@@ -26,6 +26,7 @@ class Attempt:
     frozen: str | None = None  # why a successful export is known to have fixed a branch, loop or dynamic dim
     note: str | None = None  # what the strategy changed (e.g. the `if` rewritten as torch.cond)
     not_applicable: bool = False  # the strategy had nothing to do for this model (``error`` says why)
+    unproven: str | None = None  # the export worked but its file was not proven (why): the next strategy was tried
 
     def to_dict(self) -> dict:
         error = f"not applicable: {self.error}" if self.not_applicable else self.error
@@ -35,6 +36,8 @@ class Attempt:
             out["frozen"] = self.frozen
         if self.note:
             out["note"] = self.note
+        if self.unproven:
+            out["unproven"] = self.unproven
         return out
 
 

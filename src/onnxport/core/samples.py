@@ -69,17 +69,28 @@ def make_inputs(specs: tuple[InputSpec, ...], sizes: dict[str, int], values: str
 
 
 def _mask(shape: list[int], values: str, g: torch.Generator) -> torch.Tensor:
-    """Attention-style masks: ones with trailing padding; 'edge' adds all-padding and full rows."""
+    """Attention-style masks (1: attend): every row keeps at least one valid token, as every real input does.
+
+    'random': every other row padded at the end (right padding) at a random length. 'edge': the first row full,
+    the last row left-padded down to its final token (how batched generation pads), the rows between
+    alternately right-padded down to their first token and left-padded to half their length. A row that
+    attends to nothing is never made: PyTorch and onnxruntime legitimately differ on it (softmax over no
+    position), and no real input has it."""
     t = torch.ones(shape, dtype=torch.int64)
     if len(shape) < 2 or not t.numel():
         return t
     n, length = shape[0], shape[-1]
     for row in range(n):
-        if values == "edge":  # first row full, last row all padding, the others a single token
-            keep = length if row == 0 else (0 if row == n - 1 else 1)
-        else:  # every other row padded at a random length
-            keep = length if row % 2 == 0 else int(torch.randint(1, length + 1, (1,), generator=g))
-        t[row, ..., keep:] = 0
+        if values == "edge":
+            if row == 0:
+                continue
+            if row == n - 1 or row % 2 == 0:  # left padding: the valid tokens at the end
+                t[row, ..., : length - (1 if row == n - 1 else max(1, length // 2))] = 0
+            else:  # right padding: the first token alone
+                t[row, ..., 1:] = 0
+        elif row % 2:  # every other row padded at a random length
+            keep = int(torch.randint(1, length + 1, (1,), generator=g))
+            t[row, ..., keep:] = 0
     return t
 
 

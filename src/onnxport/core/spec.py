@@ -55,6 +55,7 @@ class Dim:
     max: int
     example: int | None = field(default=None)
     sizes: tuple[int, ...] | None = None
+    rule: str | None = None  # what ``sizes`` follow, when found by probing the model: "multiples of 32"
 
     def __str__(self) -> str:
         if self.sizes:

@@ -3,6 +3,7 @@ newest opset onnxruntime can run."""
 
 from __future__ import annotations
 
+import re
 import time
 import warnings
 from pathlib import Path
@@ -13,10 +14,11 @@ from torch import nn
 from onnxport.core.errors import ExportFailed, UsageError, one_line
 from onnxport.core.logs import captured_output
 from onnxport.core.onnxfile import external_threshold, remove_model, state_bytes
+from onnxport.decoder.exportable import exportable
 from onnxport.decoder.layout import CachedDecoder, step_inputs
 from onnxport.decoder.records import CacheLayout, DecoderExport
 from onnxport.exporters.evidence import first_line
-from onnxport.exporters.opsets import MIN_OPSET, default_opset, exporter_max_opset, lower_opsets
+from onnxport.exporters.opsets import MIN_OPSET, default_opset, exporter_max_opset, lower_opsets, op_version
 from onnxport.runtime.sessions import session
 
 EXAMPLE = {"batch": 2, "past": 5, "new": 3}  # never 0 or 1, all different (docs/architecture.md)
@@ -47,25 +49,54 @@ def export_decoder(model: nn.Module, layout: CacheLayout, path: str | Path, *, o
                          f"pick an opset between {MIN_OPSET} and {newest}, or leave --opset out")
     versions = [opset] if opset is not None else list(range(newest, max(MIN_OPSET, newest - OPSET_TRIES) - 1, -1))
     t0 = time.perf_counter()
+    reasons: list[str] = []
+
+    def worth(candidates: list[int]):  # an opset that would bring the very kernel onnxruntime lacks is left out
+        for version in candidates:
+            if not reasons or not same_kernel(reasons[-1], version):
+                yield version
 
     def build(version: int) -> Path:
         try:
             _export_once(model, layout, path, version)
         except Exception as e:  # noqa: BLE001 - torch.export fails alike at every opset
             raise ExportFailed(f"the decoder with its cache could not be exported at opset {version}: "
-                               f"{first_line(e)}", "export it without a cache, or report the model",
-                               code="export-failed") from None
+                               f"{first_line(e)}", _export_hint(e), code="export-failed") from None
         return path
 
     def why_not(version: int, _: Path) -> str | None:  # an opset the user gave is kept as it is
-        return None if opset is not None else ort_cannot_run(path, layout)
+        reason = None if opset is not None else ort_cannot_run(path, layout)
+        reasons.append(reason or "")
+        return reason
 
-    kept, rejected = lower_opsets(versions, build, why_not)
+    with exportable(model, layout.max_length) as (experts, notes):
+        kept, rejected = lower_opsets(worth(versions), build, why_not)
     tried = tuple(f"opset {version}: {reason}" for version, _, reason in rejected)
     if kept is not None:
-        return DecoderExport(path, kept[0], time.perf_counter() - t0, tried)
+        return DecoderExport(path, kept[0], time.perf_counter() - t0, tried, experts=experts, notes=tuple(notes))
     raise ExportFailed(f"the decoder with its cache could not be exported ({'; '.join(tried)})",
+                       "a kernel onnxruntime lacks at every opset tried: report the model, or export without a "
+                       "cache" if MISSING_KERNEL.search(tried[-1] if tried else "") else
                        "try another --opset, or export without a cache", code="export-failed")
+
+
+MISSING_KERNEL = re.compile(r"Could not find an implementation for (\w+)\((\d+)\)")
+
+
+def same_kernel(reason: str, version: int) -> bool:
+    """Whether ``reason`` is onnxruntime lacking a kernel for an operator (``Mul(14)``) that opset ``version``
+    still uses at the same operator version: exporting at that opset would meet the same refusal."""
+    found = MISSING_KERNEL.search(reason)
+    return found is not None and op_version(found.group(1), version) == int(found.group(2))
+
+
+def _export_hint(e: BaseException) -> str:
+    """What to do when torch.export fails on the decoder: a data-dependent guard is a Python branch on a tensor
+    value in the model's code (the message names the expression)."""
+    if "GuardOnDataDependentSymNode" in type(e).__name__ + str(e)[:200]:
+        return ("the model branches on a tensor's value (a data-dependent guard) inside its forward; export it "
+                "without a cache, or report the model with this message")
+    return "export it without a cache, or report the model"
 
 
 def _export_once(model: nn.Module, layout: CacheLayout, path: Path, opset: int) -> None:

@@ -15,7 +15,8 @@ from onnxport.core.logs import Progress, noop
 from onnxport.core.onnxfile import move_model
 from onnxport.core.records import FP32, Tolerance
 from onnxport.decoder.export import export_decoder
-from onnxport.decoder.layout import architectures, cache_layout, is_causal_lm
+from onnxport.decoder.exportable import upcast
+from onnxport.decoder.layout import NO_CACHE_HINT, architectures, cache_layout, is_causal_lm
 from onnxport.decoder.prove import NEW_TOKENS, prove_decoder
 from onnxport.decoder.records import DecoderOutcome
 from onnxport.decoder.variants import optimize_decoder, variant_names
@@ -47,7 +48,7 @@ def run(model_dir: str | Path, out: str | Path, *, max_length: int = MAX_LENGTH,
     if (Path(model_dir) / "config.json").is_file() and not is_causal_lm(model_dir):
         named = ", ".join(architectures(model_dir)) or "no architecture"
         raise UsageError(f"{model_dir} holds {named}, not a causal language model: no KV cache to export",
-                         "export it without a cache (leave out --task text-generation)")
+                         NO_CACHE_HINT)
     progress(f"loading {model_dir}")
     loaded = load_hf(f"hf:{model_dir}", [], [], task="text-generation", trust_remote_code=trust_remote_code)
     return run_model(loaded.model, out, max_length=max_length, opset=opset, tolerance=tolerance,
@@ -67,7 +68,8 @@ def run_model(model: nn.Module, out: str | Path, *, max_length: int = MAX_LENGTH
               seq: int | None = None) -> DecoderOutcome:
     """Export ``model`` (a transformers causal LM in eval mode) with its cache into ``out`` and prove it: step
     cases against PyTorch and greedy generation against ``model.generate``. ``out/model.onnx`` is written only
-    when every check passes, else ``out/model.unverified.onnx``. A model without a standard cache, or a
+    when every check passes, else ``out/model.unverified.onnx``. A model in bfloat16 or float16 is upcast to
+    float32 in place (exactly) and exported and proven in float32. A model without a standard cache, or a
     ``max_length`` it cannot take, is a UsageError before anything is exported. With ``variants`` ("auto",
     "all" or names of the decoder kind; None: none) a proven export gets its optimized variants in
     ``out/variants/`` (:func:`optimize_decoder`; ``budget_s``, ``threads``, ``seq``: its budget, onnxruntime's
@@ -79,6 +81,7 @@ def run_model(model: nn.Module, out: str | Path, *, max_length: int = MAX_LENGTH
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.eval()
+    source_dtype = upcast(model)  # a bfloat16 / float16 checkpoint is exported and proven in float32
     layout = cache_layout(model, max_length)
     if new_tokens < 1 or max_length - new_tokens < 1:
         raise UsageError(f"--max-length {max_length} leaves no room for a prompt and {new_tokens} generated tokens",
@@ -101,4 +104,5 @@ def run_model(model: nn.Module, out: str | Path, *, max_length: int = MAX_LENGTH
         best = built.best
         if best is not None and best.name != BASELINE and best.path is not None:
             install_best(best.path, out)  # what serve and triton take
-    return DecoderOutcome(final, layout, dataclasses.replace(made, path=final), proof, built)
+    return DecoderOutcome(final, layout, dataclasses.replace(made, path=final, source_dtype=source_dtype), proof,
+                          built)

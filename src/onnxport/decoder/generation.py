@@ -54,7 +54,7 @@ def stream_greedy(sess, layout: CacheLayout, input_ids: np.ndarray, attention_ma
     mask = attention_mask.astype(np.int64)
     ids = input_ids.astype(np.int64)
     dtype = past_dtype(sess)
-    past = [np.zeros((batch, layout.kv_heads, 0, layout.head_dim), dtype) for _ in range(2 * layout.layers)]
+    past = [np.zeros(layout.past_shape(kind, batch, 0), dtype) for _ in range(layout.layers) for kind in ("key", "value")]
     done = np.zeros(batch, bool)
     outputs = list(layout.output_names)
     for _ in range(max_new_tokens):

@@ -33,39 +33,75 @@ def is_causal_lm(model_dir: str | Path) -> bool:
     return any(a.endswith(CAUSAL_SUFFIXES) for a in architectures(model_dir))
 
 
+NO_CACHE_HINT = "export its plain forward without a cache instead: give its inputs with --input (docs/decoders.md)"
+
+
 def cache_layout(model: nn.Module, max_length: int) -> CacheLayout:
-    """The cache layout of ``model`` (a transformers causal LM) for up to ``max_length`` tokens; a model whose
-    cache is not the standard per-layer key/value pair, or a ``max_length`` it cannot take, is a UsageError."""
+    """The cache layout of ``model`` (a transformers causal LM) for up to ``max_length`` tokens, read from the
+    cache the model returns for a short prompt; a model whose cache is not the standard per-layer key/value
+    pair, or a ``max_length`` it cannot take, is a UsageError."""
     arch = type(model).__name__
     config = getattr(model, "config", None)
     if config is None or not arch.endswith(CAUSAL_SUFFIXES):
-        raise UsageError(f"{arch} is not a causal language model: no KV cache to export",
-                         "export it without a cache (leave out --task text-generation)")
+        raise UsageError(f"{arch} is not a causal language model: no KV cache to export", NO_CACHE_HINT)
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    heads = _config_int(text, arch, "num_attention_heads")
-    layers = _config_int(text, arch, "num_hidden_layers")
-    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(text, "head_dim", None) or _config_int(text, arch, "hidden_size") // heads)
-    _check_length(text, arch, max_length)
     params = inspect.signature(model.forward).parameters
     if "past_key_values" not in params:
-        raise UsageError(f"{arch}.forward() takes no past_key_values: its cache layout is unknown",
-                         "export it without a cache (leave out --task text-generation)")
-    layout = CacheLayout(arch, str(getattr(text, "model_type", "")), layers, heads, kv_heads, head_dim,
-                         int(getattr(text, "vocab_size", 0) or 0), "position_ids" in params, max_length)
+        state = next((p for p in ("cache_params", "state", "mems") if p in params), None)
+        kind = (f"keeps a recurrent state ({state}), not a key/value cache" if state
+                else "takes no past_key_values: it has no key/value cache")
+        raise UsageError(f"{arch}.forward() {kind}; onnxport exports decoders with a key/value cache only",
+                         NO_CACHE_HINT)
+    window = _check_length(text, arch, max_length)
+    position_ids = "position_ids" in params
+    layers, kv_heads, key_dim, value_dim = _probe(model, arch, position_ids)
+    heads = getattr(text, "num_attention_heads", None)
+    heads = heads if isinstance(heads, int) and heads > 0 else kv_heads
+    layout = CacheLayout(arch, str(getattr(text, "model_type", "")), layers, heads, kv_heads, key_dim,
+                         int(getattr(text, "vocab_size", 0) or 0), position_ids, max_length,
+                         value_dim if value_dim != key_dim else None, window)
     _dry_run(model, layout)
     return layout
 
 
-def _config_int(config, arch: str, name: str) -> int:
-    value = getattr(config, name, None)
-    if not isinstance(value, int) or value <= 0:
-        raise UsageError(f"the config of {arch} has no '{name}': its cache layout is unknown",
-                         f"set '{name}' in config.json, or export without a cache")
-    return value
+def _probe(model: nn.Module, arch: str, position_ids: bool) -> tuple[int, int, int, int]:
+    """(layers, kv heads, key width, value width) of the cache ``model`` returns for a 3-token prompt on an
+    empty DynamicCache: the shapes it really keeps (one head under multi-query attention, the latent widths of
+    multi-head latent attention), whatever its config names."""
+    from transformers import DynamicCache
+
+    ids = torch.zeros(1, 3, dtype=torch.long)
+    extra = {"position_ids": torch.arange(3)[None]} if position_ids else {}
+    try:
+        with torch.inference_mode():
+            out = model(input_ids=ids, attention_mask=torch.ones(1, 3, dtype=torch.long),
+                        past_key_values=DynamicCache(), use_cache=True, return_dict=True, **extra)
+    except Exception as e:  # noqa: BLE001 - any failure means the cache is not the one assumed
+        raise UsageError(f"{arch} fails on a 3-token prompt with an empty key/value cache: "
+                         f"{one_line(e, 160, typed=True)}", NO_CACHE_HINT) from None
+    cache = getattr(out, "past_key_values", None)
+    cached = getattr(cache, "layers", None) or ()
+    keys = [getattr(layer, "keys", None) for layer in cached]
+    values = [getattr(layer, "values", None) for layer in cached]
+    if not cached or not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in keys + values):
+        raise UsageError(f"{arch} returns a {type(cache).__name__} that is not a per-layer key/value cache",
+                         NO_CACHE_HINT)
+    key_shapes = {tuple(t.shape) for t in keys}
+    value_shapes = {tuple(t.shape) for t in values}
+    if len(key_shapes) != 1 or len(value_shapes) != 1:
+        raise UsageError(f"{arch} keeps caches of different shapes in different layers (keys "
+                         f"{sorted(key_shapes)[:3]}, values {sorted(value_shapes)[:3]}): one exported layout "
+                         "cannot hold them", NO_CACHE_HINT)
+    (kb, kh, kt, kd), (vb, vh, vt, vd) = key_shapes.pop(), value_shapes.pop()
+    if (kb, kt, vb, vt) != (1, 3, 1, 3) or kh != vh:
+        raise UsageError(f"{arch} returns keys of shape {[kb, kh, kt, kd]} and values of shape {[vb, vh, vt, vd]} "
+                         "for one 3-token prompt, not [batch, kv_heads, tokens, width]", NO_CACHE_HINT)
+    return len(cached), kh, kd, vd
 
 
-def _check_length(config, arch: str, max_length: int) -> None:
+def _check_length(config, arch: str, max_length: int) -> int | None:
+    """Refuse a ``max_length`` the model cannot take; returns its sliding window where ``max_length`` passes it
+    (the exported cache keeps every token and the mask applies the window; the proof runs past it)."""
     if max_length < 2:
         raise UsageError(f"--max-length {max_length} is too short for a cache", "give at least 2 tokens")
     limit = getattr(config, "max_position_embeddings", None)
@@ -75,19 +111,19 @@ def _check_length(config, arch: str, max_length: int) -> None:
     kinds = set(getattr(config, "layer_types", None) or ())
     if kinds - KNOWN_LAYER_TYPES:
         raise UsageError(f"{arch} has layers of kind {', '.join(sorted(kinds - KNOWN_LAYER_TYPES))}: its cache "
-                         "is not a plain key/value cache", "export it without a cache")
+                         "is not a plain key/value cache", NO_CACHE_HINT)
     window = getattr(config, "sliding_window", None)
     slides = "sliding_attention" in kinds or (not kinds and getattr(config, "use_sliding_window", True))
     if isinstance(window, int) and window > 0 and slides and max_length > window:
-        raise UsageError(f"--max-length {max_length} exceeds the sliding window ({window}) of {arch}; the "
-                         "exported cache keeps every token", f"give --max-length {window} or less")
+        return window
+    return None
 
 
 def random_past(layout: CacheLayout, batch: int, past: int, dtype=torch.float32, seed: int = 0) -> list[torch.Tensor]:
     """Random past tensors (key, value per layer) of ``past`` tokens for ``batch`` rows."""
     gen = torch.Generator().manual_seed(seed)
-    shape = (batch, layout.kv_heads, past, layout.head_dim)
-    return [torch.randn(shape, generator=gen, dtype=dtype) for _ in range(2 * layout.layers)]
+    return [torch.randn(layout.past_shape(kind, batch, past), generator=gen, dtype=dtype)
+            for _ in range(layout.layers) for kind in ("key", "value")]
 
 
 def _dry_run(model: nn.Module, layout: CacheLayout) -> None:
@@ -98,15 +134,21 @@ def _dry_run(model: nn.Module, layout: CacheLayout) -> None:
         with torch.inference_mode():
             outs = wrapper(*feeds)
     except Exception as e:  # noqa: BLE001 - any failure means the layout is not the one assumed
-        raise UsageError(f"{layout.architecture} does not take a standard key/value cache "
-                         f"([batch, {layout.kv_heads}, past, {layout.head_dim}] per layer): "
-                         f"{one_line(e, 160, typed=True)}",
-                         "export it without a cache (leave out --task text-generation)") from None
-    want = (1, layout.kv_heads, 3, layout.head_dim)
-    shapes = {tuple(t.shape) for t in outs[1:]}
-    if len(outs) != 1 + 2 * layout.layers or shapes != {want}:
-        raise UsageError(f"{layout.architecture} returns a cache of another layout ({sorted(shapes)[:2]}, "
-                         f"expected {want} per key and value)", "export it without a cache")
+        raise UsageError(f"{layout.architecture} does not take back the key/value cache it returns "
+                         f"({_shapes(layout, 'past')} per layer): {one_line(e, 160, typed=True)}",
+                         NO_CACHE_HINT) from None
+    want = [layout.past_shape(kind, 1, 3) for _ in range(layout.layers) for kind in ("key", "value")]
+    got = [tuple(t.shape) for t in outs[1:]]
+    if got != want:
+        raise UsageError(f"{layout.architecture} returns a cache of another layout on a 2-token cache "
+                         f"({sorted(set(got))[:2]}; expected {_shapes(layout, 3)} per layer)", NO_CACHE_HINT)
+
+
+def _shapes(layout: CacheLayout, tokens) -> str:
+    """The key and value shapes per layer, in words: "keys and values [batch, 2, past, 64]"."""
+    key = f"[batch, {layout.kv_heads}, {tokens}, {layout.head_dim}]"
+    value = f"[batch, {layout.kv_heads}, {tokens}, {layout.value_head_dim}]"
+    return f"keys and values {key}" if key == value else f"keys {key}, values {value}"
 
 
 def step_inputs(layout: CacheLayout, *, batch: int, past: int, new: int, seed: int = 0) -> list[torch.Tensor]:

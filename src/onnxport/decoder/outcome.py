@@ -31,7 +31,7 @@ def _attempts(dec: DecoderOutcome) -> tuple[Attempt, ...]:
 
 
 def diagnostics(dec: DecoderOutcome) -> list[Diagnostic]:
-    """What the proof found, the failing generation first."""
+    """What the proof found, the failing generation first; then what the export was set to."""
     out: list[Diagnostic] = []
     for g in dec.proof.generations:
         if not g.passed:
@@ -52,6 +52,23 @@ def diagnostics(dec: DecoderOutcome) -> list[Diagnostic]:
         out.append(info("generation-proven", f"greedy generation equals model.generate token for token ({agree})"))
     if dec.variants is not None:
         out.append(_variants_info(dec.variants))
+    return out + settings(dec)
+
+
+def settings(dec: DecoderOutcome) -> list[Diagnostic]:
+    """What the export was switched to (docs/decoders.md): the dtype, the experts, the window, other notes."""
+    made, layout, out = dec.export, dec.layout, []
+    if made.source_dtype is not None:
+        out.append(info("decoder-dtype", f"the model's weights are {made.source_dtype}: exported and proven in "
+                        f"{made.dtype} (the weights upcast exactly; the file takes and returns {made.dtype})"))
+    if made.experts is not None:
+        out.append(info("decoder-experts", f"the mixture-of-experts layers were exported with transformers' "
+                        f"{made.experts} experts (grouped_mm has no ONNX translation); proven against the model's "
+                        "own experts"))
+    if layout.sliding_window is not None:
+        out.append(info("decoder-sliding-window", f"the cache keeps all {layout.max_length} tokens and the mask "
+                        f"applies the {layout.sliding_window}-token sliding window; proven past the window"))
+    out += [info("decoder-export-note", note) for note in made.notes]
     return out
 
 

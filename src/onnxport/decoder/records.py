@@ -19,8 +19,10 @@ DECODER_GATES = GATES  # the quantized decoder variants pass the same gates as e
 
 @dataclass(frozen=True)
 class CacheLayout:
-    """What the exported cache tensors look like: ``past_key_values.{i}.key`` / ``.value`` are
-    [batch, kv_heads, past, head_dim] for i in range(layers)."""
+    """What the exported cache tensors look like: ``past_key_values.{i}.key`` is [batch, kv_heads, past, head_dim]
+    and ``.value`` [batch, kv_heads, past, value_dim] (``value_dim`` None: ``head_dim``) for i in range(layers).
+    The shapes are the ones the model itself returns (multi-query and latent attention keep fewer heads or other
+    widths than the config's ``num_attention_heads`` suggests)."""
 
     architecture: str
     model_type: str
@@ -31,6 +33,16 @@ class CacheLayout:
     vocab: int
     position_ids: bool  # whether forward() takes position_ids (fed from the attention mask's cumsum)
     max_length: int  # the declared maximum of past + new tokens
+    value_dim: int | None = None  # the values' last dim where it differs from the keys' (latent attention)
+    sliding_window: int | None = None  # a window shorter than max_length: applied by the mask, the cache keeps all
+
+    @property
+    def value_head_dim(self) -> int:
+        return self.head_dim if self.value_dim is None else self.value_dim
+
+    def past_shape(self, kind: str, batch: int, past: int) -> tuple[int, int, int, int]:
+        """The shape of one ``past_key_values.{i}.{kind}`` (kind "key" or "value")."""
+        return (batch, self.kv_heads, past, self.head_dim if kind == "key" else self.value_head_dim)
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -44,7 +56,8 @@ class CacheLayout:
     def to_dict(self) -> dict:
         return {"architecture": self.architecture, "model_type": self.model_type, "layers": self.layers,
                 "heads": self.heads, "kv_heads": self.kv_heads, "head_dim": self.head_dim, "vocab": self.vocab,
-                "position_ids": self.position_ids, "max_length": self.max_length}
+                "position_ids": self.position_ids, "max_length": self.max_length,
+                "value_dim": self.value_head_dim, "sliding_window": self.sliding_window}
 
 
 @dataclass(frozen=True)
@@ -55,10 +68,15 @@ class DecoderExport:
     opset: int
     seconds: float
     tried: tuple[str, ...] = ()
+    dtype: str = "float32"  # what the file computes in (and the model was proven in)
+    source_dtype: str | None = None  # the model's own dtype when it was upcast to ``dtype`` for export and proof
+    experts: str | None = None  # the transformers experts implementation the MoE layers were exported with
+    notes: tuple[str, ...] = ()  # what else was set for the export (rope updates that cannot fire, ...)
 
     def to_dict(self) -> dict:
         return {"path": str(self.path), "opset": self.opset, "seconds": round(self.seconds, 3),
-                "tried": list(self.tried)}
+                "tried": list(self.tried), "dtype": self.dtype, "source_dtype": self.source_dtype,
+                "experts": self.experts, "notes": list(self.notes)}
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ import onnx
 import torch
 from torch import nn
 
+from onnxport.core.errors import DiskFull, disk_full
 from onnxport.core.logs import Progress, captured_output, noop
 from onnxport.core.onnxfile import file_bytes, inline_limit, move_model, save_model
 from onnxport.core.records import FP32, Tolerance
@@ -140,7 +141,7 @@ def teacher_forced(sess, layout: CacheLayout, prompts: np.ndarray, tokens: np.nd
     are fed back, the presents kept as the cache."""
     rows = prompts.shape[0]
     ids, mask = prompts.astype(np.int64), np.ones(prompts.shape, np.int64)
-    past = [np.zeros((rows, layout.kv_heads, 0, layout.head_dim), np.float32) for _ in range(2 * layout.layers)]
+    past = [np.zeros(layout.past_shape(kind, rows, 0), np.float32) for _ in range(layout.layers) for kind in ("key", "value")]
     hits = []
     for t in range(tokens.shape[1]):
         logits, *past = sess.run(list(layout.output_names), step_feeds(layout, ids, mask, past))
@@ -452,6 +453,8 @@ def _variant(name: str, run: _Run) -> DecoderVariant:
     try:
         return judged(path=path, notes=notes)
     except Exception as e:  # noqa: BLE001 - a variant failing is recorded, the others go on
+        if disk_full(e):
+            raise DiskFull() from e
         return DecoderVariant(name, path, file_bytes(path) if path.is_file() else None,
                               passed=False, error=f"cannot run: {short_error(e)}", notes=notes)
 

@@ -5,22 +5,25 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
 
 from onnxport.core.diagnostics import Diagnostic
-from onnxport.core.errors import ExportFailed, UsageError, one_line
+from onnxport.core.errors import DiskFull, ExportFailed, UsageError, disk_full, one_line
 from onnxport.core.logs import captured_output
 from onnxport.core.onnxfile import external_threshold, move_model, remove_model, state_bytes
 from onnxport.core.records import Attempt, ExportResult
 from onnxport.core.samples import export_sizes, make_inputs
-from onnxport.exporters import controlflow, packed
+from onnxport.exporters import controlflow, packed, patches
 from onnxport.exporters.evidence import (
+    DATA_DEPENDENT,
     data_dependent_before,
     evidence_lines,
     first_line,
@@ -42,8 +45,10 @@ from onnxport.exporters.strategies import (
     CHOICES,
     CONTROL_FLOW,
     EXPORTERS,
+    RESIZED,
     STRATEGIES,
     NotApplicable,
+    resized_sizes,
 )
 from onnxport.runtime.feeds import FeedMap
 from onnxport.runtime.placement import Placement
@@ -63,13 +68,33 @@ PlacementOf = Callable[[Path], Placement]
 def export(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", opset: int | None = None,
            external_data_threshold: int | None = None, device: str = "cpu", gpu: GpuOptions | None = None,
            placement_of: PlacementOf | None = None) -> ExportResult:
-    """Export ``loaded`` to ``path``.
+    """Export ``loaded`` to ``path``: the first file :func:`candidates` offers (the caller does not prove it)."""
+    found = candidates(loaded, path, exporter=exporter, opset=opset, external_data_threshold=external_data_threshold,
+                       device=device, gpu=gpu, placement_of=placement_of)
+    try:
+        return next(found)
+    finally:
+        found.close()
 
-    ``auto`` tries the dynamo exporter, then the TorchScript exporter; when both fail, or the one that worked
-    is caught freezing a branch, a loop or a dynamic dim, it goes on with the control-flow strategies (``cond``:
-    the ``if`` as torch.cond, ``script``: torch.jit.script of the modules holding control flow, ``scan``: loops
-    over a dynamic size as torch's scan, tried only when the model's code has such a loop) and keeps the first
-    export that froze nothing (else the first that worked, for parity to judge).
+
+Candidates = Generator[ExportResult, "str | None", tuple[Attempt, ...]]
+"""Export files offered one at a time: ``send`` why the last one was not proven to get the next; the attempts
+(all of them, each rejected one marked) are the generator's return value when no strategy is left."""
+
+
+def candidates(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", opset: int | None = None,
+               external_data_threshold: int | None = None, device: str = "cpu", gpu: GpuOptions | None = None,
+               placement_of: PlacementOf | None = None) -> Candidates:
+    """The exports of ``loaded``, each written to ``path`` and offered in turn until the caller proves one.
+
+    ``auto`` tries the dynamo exporter; the TorchScript exporter when dynamo fails, fixes a declared dim or its
+    file is not proven; then the control-flow strategies (``cond``: the ``if`` as torch.cond, ``script``:
+    torch.jit.script of the modules holding control flow, ``scan``: loops over a dynamic size as torch's scan,
+    tried only when the model's code has such a loop); then the TorchScript exporter if not tried yet; then
+    dynamo again at other example sizes (odd, not 1: another path through size tests and divisibility
+    guards) when its first export failed, fixed a dim or was not proven. Each export that froze nothing is
+    offered as soon as it is made; those caught freezing a branch, a loop or a dynamic dim are offered last, in
+    order (parity judges them). Raises ExportFailed when no strategy exports anything.
 
     With no ``opset`` given, an export onnxruntime cannot run is made again at lower opsets; and on ``device``
     "cuda" (with the GPU providers' settings ``gpu``) an export whose placement leaves compute nodes on the CPU (an operator
@@ -89,53 +114,138 @@ def export(loaded: LoadedModel, path: str | Path, *, exporter: str = "auto", ops
                              f"pick an opset between {MIN_OPSET} and {newest}, or leave --opset out")
     threshold = external_threshold() if external_data_threshold is None else external_data_threshold
     placed_of = (placement_of or functools.partial(placement, device="cuda", gpu=gpu)) if device == "cuda" else None
-    size = state_bytes(loaded.flat)
-    external = size > threshold
-    attempts: list[Attempt] = []
-    done: list[tuple[Attempt, Path, list[Diagnostic]]] = []  # successful attempts with their files
-    failed_diags: list[Diagnostic] = []
-    t_all = time.perf_counter()
+    tries = _Tries(loaded, path, exporter, opset, state_bytes(loaded.flat) > threshold, placed_of)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_model(path)
+    plan = list(order)
     try:
-        for name in order:
-            if done and name in EXPORTERS:
-                continue  # one plain export is enough: the other would freeze the same way
-            if any(not a.frozen for a, _, _ in done):
-                break
-            if name == "scan" and exporter == "auto" and not controlflow.holds_loop(loaded.model):
-                continue  # no loop in the model's own code for scan to keep
-            base = BASE_EXPORTER[name]
-            use_opset = min(opset, exporter_max_opset(base)) if opset else default_opset(base)
-            target = path.with_name(f".{name}-{path.name}")
-            lines = evidence_lines(attempts, [d for _, _, ds in done for d in ds] + failed_diags, loaded,
-                                   explicit=exporter == name)
-            attempt, diags, failed, tries = _export_one(name, loaded, target, use_opset, external, lines, attempts,
-                                                        fallback=opset is None, placed_of=placed_of)
-            attempts.extend(tries)
-            attempts.append(attempt)
-            failed_diags.extend(failed)
-            if attempt.ok:
-                done.append((attempt, target, diags))
-        if not done:
-            summary = "; ".join(f"{a.exporter}: {a.error}" for a in attempts
-                                if not a.not_applicable)
+        while (name := tries.next_strategy(plan)) is not None:
+            made = tries.run(name)
+            if made is not None and not made[0].frozen:
+                tries.rejected(made[0], (yield tries.offer(made)))
+        for entry in [d for d in tries.done if d[0].frozen]:  # frozen ones last: parity judges them
+            tries.rejected(entry[0], (yield tries.offer(entry)))
+        if not tries.done:
+            summary = "; ".join(f"{a.exporter}: {a.error}" for a in tries.attempts if not a.not_applicable)
             raise ExportFailed(f"no exporter could export the model ({summary})",
                                "see the attempts in report.json; try --exporter torchscript or dynamo, or another "
-                               "--opset", code="export-failed", attempts=tuple(attempts),
-                               diagnostics=tuple(failed_diags))
-        chosen = next((d for d in done if not d[0].frozen), done[0])
-        move_model(chosen[1], path)
+                               "--opset", code="export-failed", attempts=tuple(tries.attempts),
+                               diagnostics=tuple(tries.failed_diags))
+        return tuple(tries.attempts)
+    finally:
+        for target in tries.targets:
+            remove_model(target)
+
+
+Done = tuple[Attempt, Path, list[Diagnostic]]  # a successful attempt, its file and what it saw
+
+
+@dataclass
+class _Tries:
+    """The state of one chain: the attempts so far, the files that worked, the scratch files to remove."""
+
+    loaded: LoadedModel
+    path: Path
+    exporter: str
+    opset: int | None
+    external: bool
+    placed_of: PlacementOf | None
+    attempts: list[Attempt] = field(default_factory=list)
+    done: list[Done] = field(default_factory=list)
+    failed_diags: list[Diagnostic] = field(default_factory=list)
+    targets: list[Path] = field(default_factory=list)
+    tried: set[str] = field(default_factory=set)
+    started: float = field(default_factory=time.perf_counter)
+
+    def next_strategy(self, plan: list[str]) -> str | None:
+        """The next strategy of ``plan`` worth running (None: none is left)."""
+        auto = self.exporter == "auto"
+        while True:
+            if not plan:
+                if not auto or RESIZED in self.tried or not _dynamo_worth_resizing(self.attempts):
+                    return None
+                plan.append(RESIZED)
+            name = plan.pop(0)
+            if auto and name == "torchscript":
+                if "torchscript" in self.tried:
+                    continue
+                if self.done and not _plain_failed(self.done[0][0]) and "torchscript-deferred" not in self.tried:
+                    self.tried.add("torchscript-deferred")  # the dynamo file froze a branch or loop: the
+                    plan.append("torchscript")  # control-flow strategies keep it, so they go first
+                    continue
+            if auto and name == "scan" and not controlflow.holds_loop(self.loaded.model):
+                continue  # no loop in the model's own code for scan to keep
+            self.tried.add(name)
+            return name
+
+    def run(self, name: str) -> Done | None:
+        """One strategy (with its opset fallbacks), recorded; its file when it worked."""
+        loaded = self.loaded
+        base = BASE_EXPORTER[name]
+        use_opset = min(self.opset, exporter_max_opset(base)) if self.opset else default_opset(base)
+        target = self.path.with_name(f".{name}-{self.path.name}")
+        self.targets.append(target)
+        lines = evidence_lines(self.attempts, [d for _, _, ds in self.done for d in ds] + self.failed_diags, loaded,
+                               explicit=self.exporter == name)
+        attempt, diags, failed, tries = _export_one(name, loaded, target, use_opset, self.external, lines,
+                                                    self.attempts, fallback=self.opset is None,
+                                                    placed_of=self.placed_of)
+        if name == RESIZED:
+            attempt = dataclasses.replace(attempt, exporter="dynamo", note="; ".join(
+                filter(None, (f"{RESIZED_NOTE} ({_sizes_text(loaded)})", attempt.note))))
+        self.attempts.extend([*tries, attempt])
+        self.failed_diags.extend(failed)
+        if not attempt.ok:
+            return None
+        self.done.append((attempt, target, diags))
+        return self.done[-1]
+
+    def offer(self, chosen: Done) -> ExportResult:
+        """``chosen``'s file moved to the chain's path, as an export result."""
+        remove_model(self.path)
+        move_model(chosen[1], self.path)
         diags = list(chosen[2])
-        for a, _, ds in done:  # what other attempts saw is history: keep it, as info
+        for a, _, ds in self.done:  # what other attempts saw is history: keep it, as info
             if a is not chosen[0]:
                 diags += [dataclasses.replace(d, severity="info", message=f"{a.exporter} attempt: {d.message}")
                           for d in ds if d.code != "control-flow-kept"]
-        return ExportResult(path, chosen[0].exporter, chosen[0].opset, time.perf_counter() - t_all,
-                            tuple(attempts), external, tuple(diags))
-    finally:
-        for name in order:
-            remove_model(path.with_name(f".{name}-{path.name}"))
+        return ExportResult(self.path, chosen[0].exporter, chosen[0].opset, time.perf_counter() - self.started,
+                            tuple(self.attempts), self.external, tuple(diags))
+
+    def rejected(self, attempt: Attempt, why: str | None) -> None:
+        """``attempt``'s file was not proven (``why``): marked so in the attempts."""
+        marked = dataclasses.replace(attempt, unproven=why or "not proven")
+        self.attempts = [marked if a is attempt else a for a in self.attempts]
+        self.done = [(marked, p, ds) if a is attempt else (a, p, ds) for a, p, ds in self.done]
+
+
+def _sizes_text(loaded: LoadedModel) -> str:
+    return ", ".join(f"{k}={v}" for k, v in (resized_sizes(loaded.dims) or {}).items())
+
+
+def _plain_failed(attempt: Attempt) -> bool:
+    """Whether the first plain export calls for the other plain exporter: it failed, fixed a declared dim or was
+    not proven (a frozen branch or loop goes to the control-flow strategies first)."""
+    return not attempt.ok or attempt.unproven is not None or (attempt.frozen or "").startswith(_DIM_FREEZES)
+
+
+_DIM_FREEZES = ("dynamic dim", "torch.export assumed")
+
+
+def _dynamo_worth_resizing(attempts: list[Attempt]) -> bool:
+    """Whether dynamo is worth another try at other example sizes: its export failed on a shape guard, fixed a
+    declared dim, or was not proven; once only."""
+    first = next((a for a in attempts if a.exporter == "dynamo"), None)
+    if first is None:
+        return False
+    if first.ok:
+        return first.unproven is not None or (first.frozen or "").startswith(_DIM_FREEZES)
+    detail = first.detail or ""
+    return (bool(first.guards) or bool(_SHAPE_FAILURE.search(detail))) and not DATA_DEPENDENT.search(detail)
+
+
+RESIZED_NOTE = "exported at other example sizes"
+_SHAPE_FAILURE = re.compile(r"Constraints violated|specializ", re.I)
 
 
 def _attempt(name: str, loaded: LoadedModel, target: Path, opset: int, external: bool,
@@ -145,12 +255,15 @@ def _attempt(name: str, loaded: LoadedModel, target: Path, opset: int, external:
     t0 = time.perf_counter()
     chatter: list[str] = []
     try:
-        with warnings.catch_warnings(record=True) as caught, captured_output(chatter):
+        with (warnings.catch_warnings(record=True) as caught, captured_output(chatter),
+              patches.applied(loaded, BASE_EXPORTER[name]) as patched):
             warnings.simplefilter("always")
-            made = STRATEGIES[name](loaded, target, opset, external, lines)
+            made = [*(STRATEGIES[name](loaded, target, opset, external, lines) or []), *patched]
     except NotApplicable as e:
         return Attempt(name, False, time.perf_counter() - t0, opset, str(e), not_applicable=True), [], []
     except Exception as e:  # noqa: BLE001 - every failure is recorded and the next strategy tried
+        if disk_full(e):
+            raise DiskFull(f"the {name} export") from e
         detail = "".join(traceback.format_exception_only(type(e), e))[-6000:] + "\n" + "".join(chatter)[-6000:]
         return (Attempt(name, False, time.perf_counter() - t0, opset, first_line(e), detail, parse_guards(chatter)),
                 [], tracer_warnings(caught))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import tempfile
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import torch
 from onnxport.core.diagnostics import Diagnostic, info, warning
 from onnxport.core.onnxfile import save_model
 from onnxport.core.samples import export_sizes, make_inputs
+from onnxport.core.spec import Dim
 from onnxport.exporters import controlflow, functions, packed
 from onnxport.sources.base import LoadedModel
 
@@ -30,8 +32,12 @@ CONTROL_FLOW = ("cond", "script", "scan")  # tried by auto when the plain ones f
 CHOICES = ("auto", *EXPORTERS, *CONTROL_FLOW)
 
 
+RESIZED = "dynamo-resized"
+"""The dynamo exporter again at other example sizes (:func:`resized_sizes`; tried by auto, never chosen by name)."""
+
+
 BASE_EXPORTER = {"dynamo": "dynamo", "torchscript": "torchscript", "cond": "dynamo", "script": "torchscript",
-                 "scan": "dynamo"}
+                 "scan": "dynamo", RESIZED: "dynamo"}
 
 
 def _dim_objects(loaded: LoadedModel) -> tuple:
@@ -46,8 +52,41 @@ def _dim_objects(loaded: LoadedModel) -> tuple:
     return tuple(shapes)
 
 
-def _export_dynamo(loaded: LoadedModel, path: Path, opset: int, external: bool, lines=()) -> list[Diagnostic]:
-    example = make_inputs(loaded.inputs, export_sizes(loaded.dims), seed=0)
+def resized_sizes(dims: dict[str, Dim]) -> dict[str, int] | None:
+    """Other example sizes for the dynamo exporter: per dynamic dim a size the dim allows, not 1, odd and not a
+    multiple of 3, 5 or 7 where the range has one (so size tests and divisibility checks take their general
+    path), near the middle of the range and distinct across dims; None when that changes no size."""
+    first = export_sizes(dims)
+    out: dict[str, int] = {}
+    taken: set[int] = set()
+    for sym, d in dims.items():
+        if d.min == d.max:
+            out[sym] = first[sym]
+            continue
+        allowed = list(d.sizes) if d.sizes else range(max(d.min, 2), d.max + 1)
+        middle = math.sqrt(max(d.min, 2) * d.max)
+
+        def rank(n: int, middle: float = middle, own: int = first[sym]) -> tuple:
+            plain = n % 2 and all(n % p for p in (3, 5, 7) if n != p)
+            return (n == own or n in taken, not plain, abs(math.log(n / middle)))
+
+        best = min((n for n in allowed if n >= 2), key=rank, default=first[sym])
+        out[sym] = best
+        taken.add(best)
+    return out if out != first else None
+
+
+def _export_dynamo_resized(loaded: LoadedModel, path: Path, opset: int, external: bool, lines=()) -> list[Diagnostic]:
+    """The dynamo exporter at :func:`resized_sizes`."""
+    sizes = resized_sizes(loaded.dims)
+    if sizes is None:
+        raise NotApplicable("no other example sizes in the declared ranges")
+    return _export_dynamo(loaded, path, opset, external, lines, sizes=sizes)
+
+
+def _export_dynamo(loaded: LoadedModel, path: Path, opset: int, external: bool, lines=(),
+                   sizes: dict[str, int] | None = None) -> list[Diagnostic]:
+    example = make_inputs(loaded.inputs, sizes or export_sizes(loaded.dims), seed=0)
     customs = functions.discover_loaded(loaded)  # autograd.Functions with symbolic(): opaque ops + translations
     torch._logging.set_logs(dynamic=logging.INFO)  # guard log lines name the user code that fixed a shape
     try:
@@ -191,4 +230,4 @@ def _export_script(loaded: LoadedModel, path: Path, opset: int, external: bool, 
 
 
 STRATEGIES = {"dynamo": _export_dynamo, "torchscript": _export_torchscript, "cond": _export_cond,
-              "script": _export_script, "scan": _export_scan}
+              "script": _export_script, "scan": _export_scan, RESIZED: _export_dynamo_resized}

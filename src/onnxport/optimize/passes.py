@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from onnxport.core.errors import DiskFull, disk_full
 from onnxport.core.logs import Progress
 from onnxport.core.onnxfile import move_model
 from onnxport.optimize.context import BuildOutcome, Skip
@@ -82,6 +83,8 @@ def build_into(builder: Callable[[Path, Path, Any], BuildOutcome], src: Path, ds
     except Skip as e:
         return Built(dst, None, time.perf_counter() - t0, skip=e)
     except Exception as e:  # noqa: BLE001 - a tool that crashes is a failed variant, not a crash
+        if disk_full(e):
+            raise DiskFull(str(dst.name)) from e
         return Built(dst, None, time.perf_counter() - t0, error=short_error(e))
     finally:
         _remove(tmp)

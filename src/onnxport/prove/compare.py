@@ -1,6 +1,10 @@
 """How one output of the ONNX model is judged against PyTorch's: elementwise (``exact``), or by what the output
-means when elementwise is the wrong question — ``detections`` matched by IoU (their number depends on the data),
-``topk`` agreement for classifier scores, ``cosine`` for embeddings.
+means when elementwise is the wrong question — ``detections`` matched by IoU (their number depends on the data; their
+masks by the IoU of the binarized masks, their keypoints by distance relative to the box), ``topk`` agreement for
+classifier scores, ``cosine`` for embeddings. Three refinements apply to every rule (see :func:`judge`): the index
+outputs of topk/sort/argmax are judged tie-aware (:func:`index_agreement`), positions an attention mask leaves
+undefined are not compared (:func:`undefined_positions`), and a case whose inputs were scaled up is judged with a
+tolerance that scales with the output's magnitude (:func:`magnitudes`).
 
 What a task metric compares (:func:`task_kind`: classifier logits, the mean-pooled embedding of an encoder) and the
 row cosines live here too: the proof on the user's samples and the variants' policy both read them.
@@ -22,7 +26,7 @@ from onnxport.core.records import Tolerance, finite
 from onnxport.sources.base import LoadedModel
 
 KINDS = ("exact", "detections", "topk", "cosine")
-DETECTION_PARTS = ("boxes", "scores", "labels")
+DETECTION_PARTS = ("keypoints_scores", "keypoints", "masks", "boxes", "scores", "labels")  # longest suffix first
 
 
 def parse_rules(texts: Iterable[str] | None) -> dict[str, str]:
@@ -48,7 +52,8 @@ def _group_prefix(name: str) -> str | None:
 
 
 def detection_groups(names: Sequence[str]) -> dict[str, dict[str, str]]:
-    """Outputs that read as detections: ``PREFIXboxes`` with ``PREFIXscores`` (and ``PREFIXlabels``)."""
+    """Outputs that read as detections: ``PREFIXboxes`` with ``PREFIXscores`` (and ``PREFIXlabels``, ``PREFIXmasks``,
+    ``PREFIXkeypoints``, ``PREFIXkeypoints_scores``)."""
     groups: dict[str, dict[str, str]] = {}
     for name in names:
         prefix = _group_prefix(name)
@@ -87,8 +92,13 @@ def resolve(loaded: LoadedModel, declared: dict[str, str] | None = None) -> Load
 # --------------------------------------------------------------------------- elementwise
 
 
-def compare_arrays(ref: np.ndarray, got: np.ndarray, tol: Tolerance) -> tuple[float, float, bool]:
-    """(max abs error, max relative error, passed) of ``got`` against the reference ``ref``."""
+def compare_arrays(ref: np.ndarray, got: np.ndarray, tol: Tolerance, scale: np.ndarray | float | None = None
+                   ) -> tuple[float, float, bool]:
+    """(max abs error, max relative error, passed) of ``got`` against the reference ``ref``.
+
+    With ``scale`` (the output's magnitude, broadcastable to ``ref``: :func:`magnitudes`), the relative part of the
+    bound is taken of ``max(|ref|, scale)`` instead of ``|ref|``: an element near zero in an output of magnitude 5
+    is allowed the rounding error of the magnitude-5 arithmetic that made it."""
     if ref.shape != got.shape:
         return float("inf"), float("inf"), False
     if ref.dtype == np.bool_ or np.issubdtype(ref.dtype, np.integer):
@@ -106,38 +116,58 @@ def compare_arrays(ref: np.ndarray, got: np.ndarray, tol: Tolerance) -> tuple[fl
     if not diff.size:
         return 0.0, 0.0, True
     bound = tol.atol + tol.rtol * np.abs(np.nan_to_num(r, posinf=0.0, neginf=0.0))
+    if scale is not None:
+        bound = np.maximum(bound, tol.atol + tol.rtol * np.asarray(scale, dtype=np.float64))
     rel = diff / np.maximum(np.abs(np.nan_to_num(r, posinf=0.0, neginf=0.0)), tol.atol)
     return float(diff.max()), float(rel.max()), bool((diff <= bound).all())
 
 
 
-def judge(loaded: LoadedModel, pairs: Sequence[tuple[str, np.ndarray, np.ndarray]], tol: Tolerance
-          ) -> tuple[dict[str, dict], float, float, bool, list[str]]:
-    """Every output of one case judged by its rule: (per-output record, worst abs, worst rel, passed, problems)."""
+def judge(loaded: LoadedModel, pairs: Sequence[tuple[str, np.ndarray, np.ndarray]], tol: Tolerance, *,
+          index_sources: dict[str, IndexSource] | None = None, undefined: dict[str, np.ndarray] | None = None,
+          scaled: bool = False) -> tuple[dict[str, dict], float, float, bool, list[str]]:
+    """Every output of one case judged by its rule: (per-output record, worst abs, worst rel, passed, problems).
+
+    ``index_sources``: the integer outputs that are the indices of a topk/sort/argmax in PyTorch, judged by the
+    values they pick (:func:`index_agreement`). ``undefined``: per output, the positions the inputs leave undefined
+    (:func:`undefined_positions`), taken from the reference so that they are not compared. ``scaled``: the case's
+    inputs were scaled up (edge values), so float outputs are judged against their magnitude (:func:`magnitudes`).
+    """
     per_out: dict[str, dict] = {}
     worst_abs = worst_rel = 0.0
     ok = True
     problems: list[str] = []
-    got_by = {n: np.asarray(g) for n, _, g in pairs}
+    got_by = {n: _defined(r, np.asarray(g), (undefined or {}).get(n)) for n, r, g in pairs}
     ref_by = {n: r for n, r, _ in pairs}
     groups = {p: g for p, g in detection_groups([n for n, _, _ in pairs]).items()
               if all(loaded.compare.get(n) == "detections" for n in g.values())}
     grouped = {n: p for p, g in groups.items() for n in g.values()}
     matches = {p: _match_group(g, ref_by, got_by, tol, loaded) for p, g in groups.items()}
-    for name, r, g in pairs:
+    for name, r, _ in pairs:
         g = got_by[name]
-        a, rel, passed = compare_arrays(r, g, tol) if r.shape == g.shape else (float("inf"), float("inf"), False)
+        kind = "detections" if name in grouped else loaded.compare.get(name, "exact")
+        scale = magnitudes(r) if scaled and kind == "exact" and r.shape == g.shape else None
+        a, rel, passed = compare_arrays(r, g, tol, scale) if r.shape == g.shape else (float("inf"), float("inf"), False)
         rec = {"shape": list(r.shape), "onnx_shape": list(g.shape), "max_abs_err": finite(a),
                "max_rel_err": finite(rel), "passed": passed}
-        kind = "detections" if name in grouped else loaded.compare.get(name, "exact")
+        if scale is not None and np.issubdtype(r.dtype, np.floating):
+            rec["tolerance_scale"] = finite(float(np.max(scale, initial=0.0)))
+        if name in (undefined or {}):
+            rec["undefined_skipped"] = int(np.count_nonzero(np.broadcast_to(undefined[name], r.shape)))
         if name in grouped:
             m = matches[grouped[name]]
             rec.update(m.to_dict(), passed=m.passed)
+            part = name[len(grouped[name]):]
             if m.passed:
-                a = rel = m.score_err if name.endswith("scores") else m.box_err if name.endswith("boxes") else 0.0
-            elif name.endswith("boxes"):
-                problems.append(f"{name}: {m.unmatched} detection(s) without a counterpart "
-                                f"({m.matched} matched by IoU, {m.borderline} borderline)")
+                a = rel = {"scores": m.score_err, "boxes": m.box_err}.get(part, 0.0)
+            elif problem := m.problem(part):
+                problems.append(f"{name}: {problem}")
+        elif kind == "exact" and name in (index_sources or {}) and r.shape == g.shape:
+            rec.update(index_agreement(r, g, index_sources[name], tol))
+            a = rel = rec["value_err"] if rec["passed"] else a
+            if not rec["passed"]:
+                problems.append(f"{name}: {rec['op']} indices pick other values at {rec['differ'] - rec['ties']} "
+                                f"position(s) (max abs error {rec['value_err']:.3g})")
         elif kind in ("topk", "cosine"):
             rec.update(topk_agreement(r, g, tol) if kind == "topk" else cosine_agreement(r, g, tol))
             if not rec["passed"]:
@@ -153,6 +183,102 @@ def judge(loaded: LoadedModel, pairs: Sequence[tuple[str, np.ndarray, np.ndarray
         if rec["passed"] or kind == "exact":
             worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, rel)
     return per_out, worst_abs, worst_rel, ok, problems
+
+
+def magnitudes(ref: np.ndarray) -> np.ndarray:
+    """The magnitude of each sample of an output (the largest finite |value| along all axes but the first; of the
+    whole output when it has fewer than two axes), shaped to broadcast against it.
+
+    A case whose inputs were scaled up (``edge``: floats times 3) drives deep stacks (SiLU, GroupNorm, convs) to
+    outputs of larger magnitude, whose fp32 rounding error is relative to that magnitude, not to each element: an
+    element near zero carries the error of the arithmetic around it. A frozen branch or a wrong export moves
+    outputs by a fraction of their magnitude, far beyond ``rtol`` times it, so the case still catches them."""
+    r = np.abs(np.nan_to_num(ref.astype(np.float64), nan=0.0, posinf=0.0, neginf=0.0))
+    if not np.issubdtype(ref.dtype, np.floating) or r.size == 0:
+        return np.zeros((1,) * ref.ndim)
+    if r.ndim < 2:
+        return np.full((1,) * r.ndim, r.max())
+    return r.reshape(r.shape[0], -1).max(1).reshape((r.shape[0],) + (1,) * (r.ndim - 1))
+
+
+def undefined_positions(mask: np.ndarray, out_shape: Sequence[int]) -> np.ndarray | None:
+    """The positions of an output that an attention mask (``[batch, seq]``, 1: attend, 0: padding; middle axes of
+    size 1 allowed) leaves undefined, as a boolean array broadcastable to ``out_shape``; None when it leaves none.
+
+    An output laid out ``[batch, seq, ...]`` is defined at the valid tokens only: at a padding position a query
+    may attend to nothing (left padding in a causal LM: the softmax of a fully masked row, where PyTorch and
+    onnxruntime legitimately differ), and every consumer ignores it. An output ``[batch, ...]`` is undefined on a
+    row with no valid token at all. Everything else is compared."""
+    m = np.asarray(mask)
+    if m.ndim > 2 and all(d == 1 for d in m.shape[1:-1]):
+        m = m.reshape(m.shape[0], m.shape[-1])
+    if m.ndim != 2 or len(out_shape) < 1 or out_shape[0] != m.shape[0] or m.size == 0:
+        return None
+    valid = m.astype(bool)
+    where = ~valid if len(out_shape) >= 2 and out_shape[1] == m.shape[1] else ~valid.any(1)
+    if not where.any():
+        return None
+    return where.reshape(where.shape + (1,) * (len(out_shape) - where.ndim))
+
+
+def _defined(ref: np.ndarray, got: np.ndarray, where: np.ndarray | None) -> np.ndarray:
+    """``got`` with the reference's values where ``where`` says the output is undefined."""
+    if where is None or ref.shape != got.shape:
+        return got
+    return np.where(np.broadcast_to(where, ref.shape), ref, got).astype(got.dtype, copy=False)
+
+
+# --------------------------------------------------------------------------- indices of topk, sort, argmax
+
+
+@dataclass(frozen=True)
+class IndexSource:
+    """Where an integer output comes from in PyTorch: the indices a topk, sort, argsort, argmax/argmin, max/min
+    along a dim or kthvalue picked from ``values`` (the op's input) along ``dim`` (None: the flattened input)."""
+
+    op: str
+    values: np.ndarray
+    dim: int | None
+    keepdim: bool = True
+    distinct: bool = False  # topk, sort, argsort: the indices along dim are distinct
+
+
+def index_agreement(ref: np.ndarray, got: np.ndarray, src: IndexSource, tol: Tolerance) -> dict:
+    """Indices judged by the values they pick: where onnxruntime's index differs from PyTorch's, the value of
+    PyTorch's own input at onnxruntime's index must equal the value at PyTorch's index within the tolerance (a
+    tie: both are right); the indices must be in range, and distinct along the dim for topk/sort/argsort.
+
+    Judging by gathering from PyTorch's input (rather than trusting onnxruntime's own values output) keeps a
+    wrong export caught: a frozen branch or a wrong op picks positions whose values differ. ``differ`` counts the
+    positions where the indices differ, ``ties`` those of them that are ties."""
+    values = np.asarray(src.values)
+    out = {"compare": "indices", "op": src.op, "differ": int(np.count_nonzero(ref != got)), "ties": 0,
+           "value_err": 0.0, "passed": False}
+    if src.dim is None:
+        values, dim, r, g = values.reshape(-1), 0, ref.reshape(-1), got.reshape(-1)
+    else:
+        dim = src.dim % max(values.ndim, 1)
+        r, g = (ref, got) if src.keepdim else (np.expand_dims(ref, dim), np.expand_dims(got, dim))
+    size = values.shape[dim] if values.ndim else 1
+    if r.ndim != values.ndim or g.size and (g.min() < 0 or g.max() >= size):
+        return out
+    try:
+        at_ref = np.take_along_axis(values, r.astype(np.int64), dim).astype(np.float64)
+        at_got = np.take_along_axis(values, g.astype(np.int64), dim).astype(np.float64)
+    except (ValueError, IndexError):
+        return out
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(at_got - at_ref)
+    diff[np.isnan(at_ref) & np.isnan(at_got)] = 0.0
+    diff[np.isnan(diff)] = np.inf
+    tie = diff <= tol.atol + tol.rtol * np.abs(np.nan_to_num(at_ref))
+    distinct = True
+    if src.distinct and g.size:
+        ordered = np.sort(np.moveaxis(g, dim, -1), axis=-1)
+        distinct = not bool((ordered[..., 1:] == ordered[..., :-1]).any())
+    out.update(ties=int(np.count_nonzero(tie & np.broadcast_to(r != g, tie.shape))),
+               value_err=finite(float(diff.max(initial=0.0))), passed=bool(tie.all()) and distinct)
+    return out
 
 
 def _match_group(group: dict[str, str], ref: dict, got: dict, tol: Tolerance, loaded: LoadedModel) -> DetectionMatch:
@@ -189,7 +315,8 @@ def detection_params(model) -> DetectionParams:
 
 
 def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """IoU of every box in ``a`` [N,4] with every box in ``b`` [M,4] (x1, y1, x2, y2)."""
+    """IoU of every box in ``a`` [N,4] with every box in ``b`` [M,4] (x1, y1, x2, y2); two zero-area boxes
+    (a random-weight head's collapsed boxes) have IoU 1 when their corners agree, else 0."""
     a, b = a.astype(np.float64), b.astype(np.float64)
     area_a = np.clip(a[:, 2] - a[:, 0], 0, None) * np.clip(a[:, 3] - a[:, 1], 0, None)
     area_b = np.clip(b[:, 2] - b[:, 0], 0, None) * np.clip(b[:, 3] - b[:, 1], 0, None)
@@ -198,14 +325,19 @@ def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     wh = np.clip(rb - lt, 0, None)
     inter = wh[..., 0] * wh[..., 1]
     union = area_a[:, None] + area_b[None, :] - inter
+    same = (np.abs(a[:, None, :] - b[None, :, :]) <= DEGENERATE_ATOL).all(-1)  # zero-area boxes: equal or not
     with np.errstate(invalid="ignore", divide="ignore"):
-        iou = np.where(union > 0, inter / union, 0.0)
+        iou = np.where(union > 0, inter / union, same.astype(np.float64))
     return iou
+
+
+DEGENERATE_ATOL = 1e-3  # pixels: two zero-area boxes this close are the same box (IoU 1)
 
 
 @dataclass(frozen=True)
 class DetectionMatch:
-    """PyTorch's detections against ONNX Runtime's: pairs, and the ones left over on either side."""
+    """PyTorch's detections against ONNX Runtime's: pairs, and the ones left over on either side; at the pairs, the
+    masks (lowest IoU of the binarized masks) and keypoints (largest distance relative to the box size)."""
 
     matched: int
     borderline: int  # unpaired, but near the score threshold, the top-k cut or an NMS tie
@@ -213,10 +345,62 @@ class DetectionMatch:
     box_err: float
     score_err: float
     passed: bool
+    mask_iou: float | None = None  # None: no masks output
+    mask_failed: int = 0  # matched detections whose masks disagree
+    keypoint_err: float | None = None  # None: no keypoints output
+    keypoint_failed: int = 0  # matched detections with a keypoint moved (and not a heatmap tie)
 
     def to_dict(self) -> dict:
-        return {"compare": "detections", "matched": self.matched, "borderline": self.borderline,
-                "unmatched": self.unmatched, "box_err": finite(self.box_err), "score_err": finite(self.score_err)}
+        out = {"compare": "detections", "matched": self.matched, "borderline": self.borderline,
+               "unmatched": self.unmatched, "box_err": finite(self.box_err), "score_err": finite(self.score_err)}
+        if self.mask_iou is not None:
+            out.update(mask_iou=finite(self.mask_iou), mask_failed=self.mask_failed)
+        if self.keypoint_err is not None:
+            out.update(keypoint_err=finite(self.keypoint_err), keypoint_failed=self.keypoint_failed)
+        return out
+
+    def problem(self, part: str) -> str | None:
+        """What the output ``part`` (boxes, masks, keypoints) of a failed match says."""
+        if part == "boxes" and self.unmatched:
+            return (f"{self.unmatched} detection(s) without a counterpart ({self.matched} matched by IoU, "
+                    f"{self.borderline} borderline)")
+        if part == "masks" and self.mask_failed:
+            return f"the masks of {self.mask_failed} matched detection(s) differ (lowest IoU {self.mask_iou:.3f})"
+        if part == "keypoints" and self.keypoint_failed:
+            return (f"keypoints of {self.keypoint_failed} matched detection(s) moved (up to "
+                    f"{self.keypoint_err:.3f} of the box size)")
+        return None
+
+
+MASK_IOU = (0.9, 0.75)  # the binarized masks of a matched pair: fp32, reduced precision
+KEYPOINT_DIST = (0.05, 0.1)  # a keypoint's distance over the box size (sqrt of its area): fp32, reduced precision
+
+
+def mask_ious(ref: np.ndarray, got: np.ndarray, tol: Tolerance, threshold: float = 0.5) -> np.ndarray:
+    """IoU of each pair of masks (``[N, ...]`` probabilities, binarized at ``threshold`` like torchvision's
+    paste), over the pixels whose reference is clear of the threshold (farther than 10× the tolerance): a pixel at
+    the threshold may flip with rounding alone. A pair with no clear pixel set on either side has IoU 1."""
+    r = ref.reshape(len(ref), -1).astype(np.float64)
+    g = got.reshape(len(got), -1).astype(np.float64)
+    clear = np.abs(r - threshold) > 10 * (tol.atol + tol.rtol * threshold)
+    rb, gb = (r > threshold) & clear, (g > threshold) & clear
+    inter = (rb & gb).sum(1)
+    union = (rb | gb).sum(1)
+    return np.where(union > 0, inter / np.maximum(union, 1), 1.0)
+
+
+def keypoint_distances(ref: np.ndarray, got: np.ndarray, boxes: np.ndarray, tied: np.ndarray | None = None
+                       ) -> np.ndarray:
+    """Largest distance of a keypoint (``[N, K, 2+]``, x and y first) of each pair over its box size (sqrt of the
+    reference box's area, at least 1). ``tied`` (``[N, K]``) marks keypoints whose heatmap peak has the same value
+    on both sides (``keypoints_scores`` equal within the tolerance): two equal peaks, and rounding picked another
+    one; they are left out."""
+    d = np.linalg.norm(ref[..., :2].astype(np.float64) - got[..., :2].astype(np.float64), axis=-1)
+    if tied is not None:
+        d = np.where(tied, 0.0, d)
+    wh = np.clip(boxes[:, 2:4] - boxes[:, 0:2], 0, None)
+    size = np.maximum(np.sqrt(wh[:, 0] * wh[:, 1]), 1.0)
+    return d.max(1, initial=0.0) / size if d.size else np.zeros(len(ref))
 
 
 def _pairs(iou: np.ndarray, same: np.ndarray, scores_ok: np.ndarray, iou_min: float) -> list[tuple[int, int]]:
@@ -260,8 +444,10 @@ def _borderline(k: int, own: tuple, other: tuple, margin: float, params: Detecti
 
 def match_detections(ref: dict[str, np.ndarray], got: dict[str, np.ndarray], tol: Tolerance,
                      params: DetectionParams) -> DetectionMatch:
-    """Pair detections (same label, IoU ≥ 0.9 — 0.75 at reduced precision —, score within 10× the tolerance); every unpaired one must be
-    borderline (see :func:`_borderline`) for the case to pass."""
+    """Pair detections (same label, IoU ≥ 0.9 — 0.75 at reduced precision —, score within 10× the tolerance); every
+    unpaired one must be borderline (see :func:`_borderline`) for the case to pass. With ``masks`` and
+    ``keypoints`` (and ``keypoints_scores``) in the dicts, every pair's masks and keypoints must agree too
+    (:func:`mask_ious`, :func:`keypoint_distances`)."""
     def parts(d: dict[str, np.ndarray]) -> tuple:
         boxes = np.asarray(d["boxes"], dtype=np.float64).reshape(-1, 4)
         scores = np.asarray(d["scores"], dtype=np.float64).reshape(-1)
@@ -269,11 +455,12 @@ def match_detections(ref: dict[str, np.ndarray], got: dict[str, np.ndarray], tol
         return boxes, scores, labels
 
     r, g = parts(ref), parts(got)
+    reduced = tol.rtol > 2e-3
     iou = box_iou(r[0], g[0])
     same = r[2][:, None] == g[2][None, :]
     s_bound = tol.atol + tol.rtol * np.abs(r[1])[:, None]
     scores_ok = np.abs(r[1][:, None] - g[1][None, :]) <= 10 * s_bound
-    pairs = _pairs(iou, same, scores_ok, 0.9 if tol.rtol <= 2e-3 else 0.75)
+    pairs = _pairs(iou, same, scores_ok, 0.75 if reduced else 0.9)
     box_err = max((float(np.abs(r[0][i] - g[0][j]).max()) for i, j in pairs), default=0.0)
     score_err = max((abs(float(r[1][i] - g[1][j])) for i, j in pairs), default=0.0)
     margin = max(10 * score_err, 10 * (tol.atol + tol.rtol * (params.score_thresh or 0.0)))
@@ -282,7 +469,36 @@ def match_detections(ref: dict[str, np.ndarray], got: dict[str, np.ndarray], tol
     border = sum(_borderline(i, r, g, margin, params) for i in left_r) + \
         sum(_borderline(j, g, r, margin, params) for j in left_g)
     unmatched = len(left_r) + len(left_g) - border
-    return DetectionMatch(len(pairs), border, unmatched, box_err, score_err, unmatched == 0)
+    extra = _paired_parts(ref, got, pairs, r[0], tol, reduced)
+    passed = unmatched == 0 and not extra.get("mask_failed") and not extra.get("keypoint_failed")
+    return DetectionMatch(len(pairs), border, unmatched, box_err, score_err, passed, **extra)
+
+
+def _paired_parts(ref: dict, got: dict, pairs: list[tuple[int, int]], boxes: np.ndarray, tol: Tolerance,
+                  reduced: bool) -> dict:
+    """The masks and keypoints of the paired detections (DetectionMatch's fields for them)."""
+    out: dict = {}
+    i = np.array([p[0] for p in pairs], dtype=np.int64)
+    j = np.array([p[1] for p in pairs], dtype=np.int64)
+    if "masks" in ref and "masks" in got:
+        rm, gm = np.asarray(ref["masks"]), np.asarray(got["masks"])
+        if rm.shape[1:] != gm.shape[1:]:
+            return {"mask_iou": 0.0, "mask_failed": max(len(pairs), 1)}
+        ious = mask_ious(rm[i], gm[j], tol) if len(pairs) else np.ones(0)
+        out.update(mask_iou=float(ious.min(initial=1.0)), mask_failed=int((ious < MASK_IOU[reduced]).sum()))
+    if "keypoints" in ref and "keypoints" in got:
+        rk, gk = np.asarray(ref["keypoints"]), np.asarray(got["keypoints"])
+        if rk.shape[1:] != gk.shape[1:]:
+            return {**out, "keypoint_err": float("inf"), "keypoint_failed": max(len(pairs), 1)}
+        tied = None
+        if "keypoints_scores" in ref and "keypoints_scores" in got and len(pairs):
+            rs = np.asarray(ref["keypoints_scores"], dtype=np.float64)[i]
+            gs = np.asarray(got["keypoints_scores"], dtype=np.float64)[j]
+            tied = np.abs(rs - gs) <= tol.atol + tol.rtol * np.abs(rs)  # the same peak value: a heatmap tie
+        dist = keypoint_distances(rk[i], gk[j], boxes[i], tied) if len(pairs) else np.zeros(0)
+        out.update(keypoint_err=float(dist.max(initial=0.0)),
+                   keypoint_failed=int((dist > KEYPOINT_DIST[reduced]).sum()))
+    return out
 
 
 # --------------------------------------------------------------------------- topk and cosine

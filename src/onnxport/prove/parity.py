@@ -7,12 +7,16 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+import torch
+from torch.overrides import TorchFunctionMode
+
 from onnxport.core.diagnostics import Diagnostic, error, info
 from onnxport.core.errors import UsageError
 from onnxport.core.records import FP32, CaseResult, DimCheck, Failure, ParityResult, Tolerance
 from onnxport.core.samples import Case, make_inputs, shapes_for, validation_cases
-from onnxport.prove.compare import judge
-from onnxport.prove.references import torch_outputs
+from onnxport.prove.compare import IndexSource, judge, undefined_positions
+from onnxport.prove.references import as_numpy, torch_outputs
 from onnxport.runtime.feeds import FeedMap
 from onnxport.runtime.sessions import session
 from onnxport.sources.base import LoadedModel
@@ -61,7 +65,7 @@ def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | N
         ))
     diags.extend(_borderline_note(results))
     for d in checks:
-        if d.symbolic and not d.proven and any(r.passed for r in results):
+        if d.symbolic and not d.proven and any(r.passed and not _scaled(r) for r in results):
             diags.append(error(
                 "dynamic-dim-unproven",
                 f"input '{d.input}' axis {d.axis} ('{d.symbol}') is symbolic but the model matches PyTorch at "
@@ -110,9 +114,97 @@ def _run_case(loaded: LoadedModel, sess, feed: FeedMap, case: Case, tolerance: T
         pairs = [(n, r, g) for n, r, g in zip(loaded.output_names, ref, got)]
     else:
         return failed(Failure.OUTPUT_COUNT, f"PyTorch returns {len(ref)} outputs, the ONNX model {len(got)}")
-    per_out, worst_abs, worst_rel, ok, problems = judge(loaded, pairs, tolerance)
+    per_out, worst_abs, worst_rel, ok, problems = judge(
+        loaded, pairs, tolerance, index_sources=index_sources(loaded, inputs, ref),
+        undefined=undefined_outputs(loaded, inputs, pairs), scaled=scaled_up(loaded, case))
     return CaseResult(case.label, shapes, case.values, worst_abs, worst_rel, ok, "; ".join(problems) or None,
                       per_out, time.perf_counter() - t0, failure=None if ok else Failure.MISMATCH)
+
+
+def scaled_up(loaded: LoadedModel, case: Case) -> bool:
+    """Whether the case drives float inputs beyond the export's scale (edge values: times 3; ``scaled:F``, |F| > 1):
+    its float outputs are judged against their magnitude (compare.magnitudes)."""
+    if not any(s.dtype.startswith(("float", "bfloat")) for s in loaded.inputs):
+        return False
+    if case.values == "edge":
+        return True
+    if case.values.startswith("scaled:"):
+        try:
+            return abs(float(case.values.split(":", 1)[1])) > 1.0
+        except ValueError:
+            return False
+    return False
+
+
+def undefined_outputs(loaded: LoadedModel, inputs: tuple, pairs: list[tuple[str, np.ndarray, np.ndarray]]
+                      ) -> dict[str, np.ndarray]:
+    """Per output, the positions the attention masks among the inputs (named ``*attention_mask*``, 1: attend)
+    leave undefined (compare.undefined_positions): padding positions of ``[batch, seq, ...]`` outputs."""
+    masks = [np.asarray(as_numpy(t)) for s, t in zip(loaded.inputs, inputs)
+             if "attention_mask" in s.name.lower() and (s.dtype == "bool" or (s.value_range or (0, 1)) == (0, 1))]
+    out: dict[str, np.ndarray] = {}
+    for name, r, _ in pairs:
+        for m in masks:
+            where = undefined_positions(m, r.shape)
+            if where is not None:
+                out[name] = where if name not in out else out[name] | where
+    return out
+
+
+INDEX_OPS = {"topk": (2, -1, True), "sort": (1, -1, True), "argsort": (1, -1, True), "argmax": (1, None, False),
+             "argmin": (1, None, False), "max": (1, None, False), "min": (1, None, False),
+             "kthvalue": (2, -1, False)}  # op: (position of dim, its default, indices distinct along dim)
+
+
+class _IndexCapture(TorchFunctionMode):
+    """Records every topk/sort/argsort/argmax/argmin/max/min(dim)/kthvalue PyTorch runs: its input, dim and the
+    indices it returned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[torch.Tensor, IndexSource]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        op = getattr(func, "__name__", "")
+        if op in INDEX_OPS and args and isinstance(args[0], torch.Tensor):
+            at, default, distinct = INDEX_OPS[op]
+            indices = out[1] if isinstance(out, tuple) else out if op.startswith("arg") else None  # not max(x)
+            dim = kwargs.get("dim", args[at] if len(args) > at else default)
+            keep = kwargs.get("keepdim", args[at + 1] if op not in ("topk", "sort", "argsort") and len(args) > at + 1
+                              else op in ("topk", "sort", "argsort"))
+            if isinstance(indices, torch.Tensor) and not indices.is_floating_point() and \
+                    (dim is None or isinstance(dim, int)) and isinstance(keep, bool):
+                self.seen.append((indices, IndexSource(op, as_numpy(args[0]), dim, keep, distinct)))
+        return out
+
+
+def index_sources(loaded: LoadedModel, inputs: tuple, ref: list[np.ndarray]) -> dict[str, IndexSource]:
+    """The integer outputs (not judged as detections) that are the indices of a topk, sort, argmax… in PyTorch,
+    with the tensor each picked from: PyTorch is run again with :class:`_IndexCapture` (only when such an output
+    exists), and an output is the indices an op returned when it is that tensor or equal to it (the last such
+    op). An index computed further (``idx + 1``) has no source and is judged exactly."""
+    wanted = [i for i, (n, r) in enumerate(zip(loaded.output_names, ref))
+              if np.issubdtype(r.dtype, np.integer) and loaded.compare.get(n, "exact") == "exact"]
+    if not wanted:
+        return {}
+    capture = _IndexCapture()
+    try:
+        with torch.inference_mode(), capture:
+            outs = loaded.flat(*inputs)
+    except Exception:  # noqa: BLE001 - no capture: the indices are judged exactly
+        return {}
+    found: dict[str, IndexSource] = {}
+    for i in wanted:
+        o = outs[i] if i < len(outs) else None
+        if not isinstance(o, torch.Tensor):
+            continue
+        for indices, src in reversed(capture.seen):
+            if indices is o or (indices.shape == o.shape and indices.dtype == o.dtype and torch.equal(indices, o)):
+                found[loaded.output_names[i]] = src
+                break
+    return found
 
 
 def _alone_cases(loaded: LoadedModel, checks: tuple[DimCheck, ...], cases: list[Case],
@@ -134,11 +226,17 @@ def _alone_cases(loaded: LoadedModel, checks: tuple[DimCheck, ...], cases: list[
     return extra[:8]
 
 
+def _scaled(result: CaseResult) -> bool:
+    """Whether a case was judged against its outputs' magnitude (inputs scaled up: compare.magnitudes)."""
+    return any("tolerance_scale" in out for out in result.outputs.values())
+
+
 def _prove_dims(loaded: LoadedModel, dim_checks: tuple[DimCheck, ...], cases: list[Case],
                 results: list[CaseResult]) -> tuple[DimCheck, ...]:
     proven = []
     for d in dim_checks:
-        sizes = sorted({c.sizes[d.symbol] for c, r in zip(cases, results) if r.passed and d.symbol in c.sizes})
+        sizes = sorted({c.sizes[d.symbol] for c, r in zip(cases, results)  # at the plain bound, not a scaled one
+                        if r.passed and d.symbol in c.sizes and not _scaled(r)})
         dim = loaded.dims.get(d.symbol)
         needed = 1 if dim is not None and dim.min == dim.max else 2  # a range of one size is proven at it
         proven.append(replace(d, sizes_passed=tuple(sizes), proven=d.symbolic and len(sizes) >= needed))

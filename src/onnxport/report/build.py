@@ -23,6 +23,7 @@ from onnxport.core.records import (
     ExportResult,
     ParityResult,
 )
+from onnxport.core.spec import Dim
 from onnxport.core.version import __version__
 from onnxport.optimize import OptimizeResult
 from onnxport.prove.branches import Site
@@ -40,6 +41,25 @@ class Section(Protocol):
 def _attempt(a: Attempt) -> dict:
     """One export attempt of report.json (``not_applicable``: the strategy had nothing to do here)."""
     return {"not_applicable": a.not_applicable, **a.to_dict()}
+
+
+def _patches(result: ExportResult | None) -> list[str]:
+    """The library patches applied while making the kept export (their ``export-patch`` diagnostics)."""
+    if result is None:
+        return []
+    return list(dict.fromkeys(d.message.split(" patched while exporting", 1)[0] for d in result.diagnostics
+                              if d.code == "export-patch" and " attempt: " not in d.message))
+
+
+def _dim(d: Dim) -> dict:
+    """One dim of report.json's ``model.dims``; ``sizes`` (and the ``rule`` they follow) for a dim the model runs
+    at some sizes of only."""
+    out: dict = {"min": d.min, "max": d.max, "export": d.example}
+    if d.sizes:
+        out["sizes"] = list(d.sizes)
+    if d.rule:
+        out["rule"] = d.rule
+    return out
 
 
 def _now() -> str:
@@ -102,7 +122,7 @@ def build_report(o: Outcome) -> dict:
         "command": o.command,
         "model": {"source": loaded.source, "name": loaded.name, "parameters": loaded.parameters,
                   "kind": loaded.kind,
-                  "dims": {k: {"min": d.min, "max": d.max, "export": d.example} for k, d in loaded.dims.items()}},
+                  "dims": {k: _dim(d) for k, d in loaded.dims.items()}},
         "export": {
             "exporter": result.exporter if result else None,
             "opset": result.opset if result else None,
@@ -114,6 +134,7 @@ def build_report(o: Outcome) -> dict:
                                                               for n in loaded.output_names],
             "attempts": [_attempt(a) for a in (result.attempts if result else o.attempts)],
             "custom_ops": [f.to_dict() for f in o.custom_functions],
+            "patches": _patches(result),
         },
         "check": None,
         "validation": None,

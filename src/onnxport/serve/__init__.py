@@ -8,11 +8,15 @@ an onnxport output folder, a single .onnx file or a Triton-style model repositor
 
 from __future__ import annotations
 
+import math
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from onnxport.core.errors import UsageError
 from onnxport.core.options import RuntimeOptions
+from onnxport.serve.connections import Timeouts
 from onnxport.serve.models import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_BODY_BYTES,
@@ -24,8 +28,36 @@ from onnxport.serve.models import (
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-__all__ = ["serve_app", "run", "listen", "require_grpc", "discover", "signature", "DEFAULT_MAX_BATCH",
-           "DEFAULT_MAX_DELAY_MS", "DEFAULT_MAX_BODY_BYTES"]
+__all__ = ["serve_app", "run", "listen", "require_grpc", "discover", "signature", "check_limits", "Timeouts",
+           "DEFAULT_MAX_BATCH", "DEFAULT_MAX_DELAY_MS", "DEFAULT_MAX_BODY_BYTES", "MAX_BODY_BYTES", "MAX_DELAY_MS"]
+
+MAX_BODY_BYTES = 2**31 - 1  # gRPC's largest message
+MAX_DELAY_MS = 60_000.0
+MAX_BATCH = 2**31 - 1
+
+
+def check_limits(*, max_batch: int | None = None, max_delay_ms: float | None = None,
+                 max_body_bytes: float = DEFAULT_MAX_BODY_BYTES, flags: bool = False) -> None:
+    """UsageError (exit 2) for a limit that is not a finite number in range, raised before any model loads:
+    ``max_batch`` in 0..2**31-1, ``max_delay_ms`` in [0, 60000], ``max_body_bytes`` in 1..2**31-1 (gRPC's
+    largest message). ``flags``: the message names the command-line options (--max-body-mb in MiB), else the
+    keywords."""
+    def bad(value: object, low: float, high: float) -> bool:
+        return (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                or not low <= value <= high)
+
+    if max_batch is not None and (bad(max_batch, 0, MAX_BATCH) or not isinstance(max_batch, int)):
+        raise UsageError(f"{'--max-batch' if flags else 'max_batch'} must be an integer in 0..{MAX_BATCH}, "
+                         f"got {max_batch}", "pass 1 to turn batching off, or the largest batch to run")
+    if max_delay_ms is not None and bad(max_delay_ms, 0, MAX_DELAY_MS):
+        raise UsageError(f"{'--max-delay-ms' if flags else 'max_delay_ms'} must be a number of milliseconds in "
+                         f"[0, {MAX_DELAY_MS:g}], got {max_delay_ms}", "pass e.g. 2 (0: never wait to fill a batch)")
+    if bad(max_body_bytes, 1, MAX_BODY_BYTES):
+        if flags:
+            raise UsageError(f"--max-body-mb must be a size in MiB in (0, {MAX_BODY_BYTES / 2**20:.0f}), got "
+                             f"{max_body_bytes / 2**20 if isinstance(max_body_bytes, (int, float)) else max_body_bytes}",
+                             "pass the largest request body to accept, e.g. --max-body-mb 64")
+        raise UsageError(f"max_body_bytes must be in 1..{MAX_BODY_BYTES}, got {max_body_bytes}", "pass a size in bytes")
 
 
 def _require(package: str) -> None:
@@ -41,7 +73,8 @@ def _require(package: str) -> None:
 def serve_app(path: str | Path, *, max_batch: int | None = None, max_delay_ms: float | None = None,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, name: str | None = None,
               runtime: RuntimeOptions | None = None) -> FastAPI:
-    """Build the OIP v2 app for PATH, loading every model now (a model that fails to load raises UsageError).
+    """Build the OIP v2 app for PATH, loading every model now (a model that fails to load raises UsageError;
+    so does a limit out of range, before any model loads).
 
     ``max_batch``: largest batch per ONNX Runtime run and per request (None: the repository config, else
     32; 1 turns batching off). ``max_delay_ms``: how long the first queued request waits for others
@@ -49,6 +82,7 @@ def serve_app(path: str | Path, *, max_batch: int | None = None, max_delay_ms: f
     the served name of the one model of a folder or file (default: the folder's or file's name).
     ``runtime``: the device the sessions run on (default: the CPU).
     """
+    check_limits(max_batch=max_batch, max_delay_ms=max_delay_ms, max_body_bytes=max_body_bytes, flags=False)
     for package in ("fastapi", "uvicorn", "prometheus_client"):
         _require(package)
     from onnxport.serve.app import serve_app as _serve_app
@@ -60,11 +94,17 @@ def serve_app(path: str | Path, *, max_batch: int | None = None, max_delay_ms: f
 def run(path: str | Path, host: str = "127.0.0.1", port: int = 8000, *, max_batch: int | None = None,
         max_delay_ms: float | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         graceful_timeout_s: float = 30.0, log_level: str = "info", name: str | None = None,
-        sock: socket.socket | None = None, grpc_port: int | None = None, runtime: RuntimeOptions | None = None) -> None:
+        sock: socket.socket | None = None, grpc_port: int | None = None, runtime: RuntimeOptions | None = None,
+        timeouts: Timeouts = Timeouts(), on_loaded: Callable[[FastAPI], None] | None = None) -> None:
     """Serve PATH over HTTP (and gRPC on ``grpc_port``, same host, when given) until SIGINT/SIGTERM, then
     drain: new requests get 503 / UNAVAILABLE, the ones already accepted are answered (up to
     ``graceful_timeout_s``) and it returns. ``sock``: a socket already listening on host:port (see
-    :func:`listen`); ``runtime``: the device (default: the CPU) and custom-op libraries. Both fronts share the models, their batchers, the metrics and the request size limit."""
+    :func:`listen`); ``runtime``: the device (default: the CPU) and custom-op libraries; ``timeouts``: how long
+    an HTTP client may take to send headers and body, and stay idle; ``on_loaded(app)``: called once every
+    model has loaded, before serving. Both fronts share the models, their batchers, the metrics and the
+    request size limit."""
+    check_limits(max_batch=max_batch, max_delay_ms=max_delay_ms, max_body_bytes=max_body_bytes, flags=False)
+    timeouts.checked()
     if grpc_port is not None:
         require_grpc()
     sock = sock if sock is not None else listen(host, port)
@@ -73,7 +113,9 @@ def run(path: str | Path, host: str = "127.0.0.1", port: int = 8000, *, max_batc
     from onnxport.serve.runner import Server
 
     server = Server(app, sock, host=host, grpc_port=grpc_port, drain_timeout_s=graceful_timeout_s,
-                    log_level=log_level)
+                    log_level=log_level, timeouts=timeouts)
+    if on_loaded is not None:
+        on_loaded(app)
     server.run()
 
 
@@ -93,8 +135,6 @@ def require_grpc() -> None:
 
 def listen(host: str, port: int) -> socket.socket:
     """A listening TCP socket on host:port (UsageError when the address is taken or invalid)."""
-    from onnxport.core.errors import UsageError
-
     try:
         info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         sock = socket.socket(info[0], socket.SOCK_STREAM)

@@ -18,8 +18,8 @@ from onnxport.core.options import RuntimeOptions
 from onnxport.core.version import __version__ as ONNXPORT_VERSION
 from onnxport.serve.batcher import InferenceError, ShuttingDown
 from onnxport.serve.models import DEFAULT_MAX_BODY_BYTES, discover
-from onnxport.serve.protocol import BadRequest, encode
-from onnxport.serve.served import EXTENSIONS, SERVER_NAME, Gate, Metrics, ServedModel, find, load
+from onnxport.serve.protocol import BadRequest, InferRequest, encode, inflate, split_body
+from onnxport.serve.served import EXTENSIONS, SERVER_NAME, Gate, Metrics, ServedModel, find, load, offload
 
 
 class _Drain:
@@ -60,6 +60,8 @@ def _error(message: str, status: int) -> JSONResponse:
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
+    """The raw body (before its Content-Encoding): 413 at once when its Content-Length is over ``limit``,
+    and as soon as more than ``limit`` bytes arrive when it has none."""
     length = request.headers.get("content-length")
     if length is not None:
         if not length.isdigit():
@@ -72,33 +74,14 @@ async def _read_body(request: Request, limit: int) -> bytes:
         if size > limit:
             raise BadRequest(f"the request body exceeds the limit of {limit} bytes", 413)
         chunks.append(chunk)
-    body = b"".join(chunks)
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    if encoding in ("gzip", "deflate"):
-        inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
-        try:
-            body = inflater.decompress(body, limit + 1)
-        except zlib.error:
-            raise BadRequest(f"the body is not valid {encoding} data") from None
-        if len(body) > limit or inflater.unconsumed_tail:
-            raise BadRequest(f"the decompressed request body exceeds the limit of {limit} bytes", 413)
-    elif encoding != "identity":
-        raise BadRequest(f"unsupported Content-Encoding {encoding!r}", 415)
-    return body
+    return b"".join(chunks)
 
 
-def _split_body(body: bytes, header_length: str | None) -> tuple[object, bytes]:
-    if header_length is not None:
-        if not header_length.strip().isdigit() or int(header_length) > len(body):
-            raise BadRequest(f"Inference-Header-Content-Length {header_length!r} does not fit the "
-                             f"{len(body)}-byte body")
-        head, binary = body[:int(header_length)], body[int(header_length):]
-    else:
-        head, binary = body, b""
-    try:
-        return json.loads(head), binary
-    except (ValueError, RecursionError) as e:
-        raise BadRequest(f"the request is not valid JSON: {str(e)[:200]}") from None
+async def _json_body(request: Request, limit: int) -> object:
+    """The body of a JSON-only route (generate), inflated and parsed (in the parse pool when large)."""
+    body = await _read_body(request, limit)
+    encoding = request.headers.get("content-encoding", "identity")
+    return await offload(len(body), lambda: split_body(inflate(body, encoding, limit), None)[0])
 
 
 def _compress(body: bytes, accept: str) -> tuple[bytes, str | None]:
@@ -198,16 +181,22 @@ def build_app(models: list[ServedModel], metrics: Metrics, *, max_body_bytes: in
     async def infer(name: str, request: Request, version: str | None = None) -> Response:
         m = find(by_name, name, version)
 
-        async def parts() -> tuple[object, bytes]:
+        async def parsed() -> InferRequest:
             body = await _read_body(request, max_body_bytes)
-            return _split_body(body, request.headers.get("inference-header-content-length"))
+            encoding = request.headers.get("content-encoding", "identity")
+            # a compressed body inflates many times over: from 1 KiB on the wire, it is parsed in the pool
+            size = len(body) * (1 if encoding.strip().lower() in ("", "identity") else 64)
+            return await offload(size, m.parse, body, encoding=encoding,
+                                 header_length=request.headers.get("inference-header-content-length"),
+                                 limit=max_body_bytes)
 
         try:
             payload, header_length = await m.infer(
-                parts(), lambda req, outputs: encode(m.name, m.source.version, req, outputs, m.signature))
+                parsed(), lambda req, outputs: encode(m.name, m.source.version, req, outputs, m.signature))
         except InferenceError as e:
             return _error(str(e), 503 if isinstance(e, ShuttingDown) else 400)
-        payload, encoding = _compress(payload, request.headers.get("accept-encoding", ""))
+        accept = request.headers.get("accept-encoding", "")
+        payload, encoding = await offload(len(payload) if accept else 0, _compress, payload, accept)
         headers = {"Content-Encoding": encoding} if encoding else {}
         if header_length is None:
             return Response(payload, media_type="application/json", headers=headers)
@@ -218,7 +207,7 @@ def build_app(models: list[ServedModel], metrics: Metrics, *, max_body_bytes: in
     @app.post("/v2/models/{name}/versions/{version}/generate")
     async def generate(name: str, request: Request, version: str | None = None) -> Response:
         m = find(by_name, name, version)
-        body, _ = _split_body(await _read_body(request, max_body_bytes), None) if m.generator else (None, b"")
+        body = await _json_body(request, max_body_bytes) if m.generator else None
         req, outcome = m.generate_request(body)
         return JSONResponse(await m.generate(req, outcome))
 
@@ -226,7 +215,7 @@ def build_app(models: list[ServedModel], metrics: Metrics, *, max_body_bytes: in
     @app.post("/v2/models/{name}/versions/{version}/generate_stream")
     async def generate_stream(name: str, request: Request, version: str | None = None) -> Response:
         m = find(by_name, name, version)
-        body, _ = _split_body(await _read_body(request, max_body_bytes), None) if m.generator else (None, b"")
+        body = await _json_body(request, max_body_bytes) if m.generator else None
         req, outcome = m.generate_request(body)  # a bad request is a 4xx before the stream starts
         return StreamingResponse(m.generate_stream(req, outcome), media_type="text/event-stream; charset=utf-8",
                                  headers={"Cache-Control": "no-cache"})

@@ -91,9 +91,11 @@ def decoder_layout(sig: Signature, report_layout: object = None) -> CacheLayout 
         return None
     max_length = report.get("max_length")
     max_length = max_length if isinstance(max_length, int) and max_length > 1 else DEFAULT_MAX_LENGTH
+    value = inputs["past_key_values.0.value"].shape or ()
+    value_dim = dim(value, 3, "value_dim") if len(value) == 4 else None  # latent attention: values of their own width
     return CacheLayout(str(report.get("architecture", "")), str(report.get("model_type", "")), layers,
                        dim((), 0, "heads") or kv_heads, kv_heads, head_dim, dim(logits, -1, "vocab") or 0,
-                       position_ids, max_length)
+                       position_ids, max_length, value_dim=value_dim if value_dim != head_dim else None)
 
 
 def load_generator(sig: Signature, onnx_path: Path, report_layout: object = None) -> Generator | None:

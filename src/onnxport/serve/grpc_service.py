@@ -21,7 +21,7 @@ from onnxport.core.version import __version__ as ONNXPORT_VERSION
 from onnxport.serve.batcher import InferenceError, Outputs, ShuttingDown
 from onnxport.serve.models import OIP_DATATYPES
 from onnxport.serve.protocol import BadRequest, InferRequest
-from onnxport.serve.served import EXTENSIONS, SERVER_NAME, Gate, ServedModel, find
+from onnxport.serve.served import EXTENSIONS, SERVER_NAME, Gate, ServedModel, find, offload
 
 # the typed field of InferTensorContents that carries each datatype (FP16 and BF16 travel as raw bytes only)
 CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
@@ -115,6 +115,12 @@ async def request_parts(request) -> tuple[dict, bytes]:
     return header, b"".join(raw)
 
 
+async def _decoded(m: ServedModel, request) -> InferRequest:
+    """The request decoded for ``m`` (in the parse pool when the message is large)."""
+    header, binary = await request_parts(request)
+    return await offload(request.ByteSize(), m.decode, header, binary)
+
+
 def response(m: ServedModel, req: InferRequest, outputs: Outputs) -> service_pb2.ModelInferResponse:
     """The requested outputs, in request order, as raw_output_contents."""
     datatypes = {t.name: t.datatype for t in m.signature.outputs}
@@ -180,7 +186,7 @@ class Service(service_pb2_grpc.GRPCInferenceServiceServicer):
     @_rpc()
     async def ModelInfer(self, request, context):
         m = find(self.models, request.model_name, request.model_version)
-        return await m.infer(request_parts(request), functools.partial(response, m))
+        return await m.infer(_decoded(m, request), functools.partial(response, m))
 
 
 def _unimplemented(name: str) -> Callable:

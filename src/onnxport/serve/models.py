@@ -96,6 +96,25 @@ def _model_name(raw: str) -> str:
     return name
 
 
+def check_model_name(name: str) -> str:
+    """``name`` when it can name a served model and a repository folder as given (letters, digits, '_', '-',
+    '.', not starting or ending with '_' or '.': no path, no '..'); UsageError naming --name otherwise."""
+    if _model_name(name) != name:
+        raise UsageError(f"--name {name!r} is not a valid model name",
+                         "use letters, digits, '_', '-' and '.' (not first or last)")
+    return name
+
+
+def check_repository_folder(repo: Path) -> Path:
+    """``repo`` when a model repository can be written there: UsageError when it, or the nearest part of its
+    path that exists, is not a folder."""
+    existing = next((p for p in (repo, *repo.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        where = "is" if existing == repo else f"is inside {existing}, which is"
+        raise UsageError(f"--repo {repo} {where} a file, not a folder", "pass a folder (new or existing) for the repository")
+    return repo
+
+
 def session_options_from_tuned(tuned: Any) -> dict:
     """``runtime.session()`` keyword arguments from report.json's ``benchmark.tuned`` ORT options."""
     if not isinstance(tuned, dict):
@@ -217,10 +236,7 @@ def discover(path: str | Path, name: str | None = None) -> list[ModelSource]:
     if len(sources) != 1:
         raise UsageError(f"--name renames one model, and {path} holds {len(sources)}",
                          "leave --name out for a repository (its folders name the models)")
-    clean = _model_name(name)
-    if clean != name:
-        raise UsageError(f"--name {name!r} is not a valid model name", "use letters, digits, '_', '-' and '.'")
-    return [dataclasses.replace(sources[0], name=clean)]
+    return [dataclasses.replace(sources[0], name=check_model_name(name))]
 
 
 def _discover(path: Path) -> list[ModelSource]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,8 +67,62 @@ def _binary_tensor(name: str, datatype: str, shape: list[int], chunk: bytes) -> 
     return np.frombuffer(chunk, dtype=dtype).reshape(shape)
 
 
+def inflate(body: bytes, encoding: str, limit: int) -> bytes:
+    """The body as sent before its Content-Encoding (identity, gzip or deflate), at most ``limit`` bytes."""
+    encoding = encoding.strip().lower() or "identity"
+    if encoding == "identity":
+        return body
+    if encoding not in ("gzip", "deflate"):
+        raise BadRequest(f"unsupported Content-Encoding {encoding!r}", 415)
+    inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error:
+        raise BadRequest(f"the body is not valid {encoding} data") from None
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise BadRequest(f"the decompressed request body exceeds the limit of {limit} bytes", 413)
+    return out
+
+
+def split_body(body: bytes, header_length: str | None) -> tuple[object, bytes]:
+    """The JSON header (parsed) and the binary tensor data of a body; ``header_length`` is the
+    Inference-Header-Content-Length header (None: the whole body is JSON). Checks the declared length first."""
+    if header_length is not None:
+        if not header_length.strip().isdigit() or int(header_length) > len(body):
+            raise BadRequest(f"Inference-Header-Content-Length {header_length!r} does not fit the "
+                             f"{len(body)}-byte body")
+        head, binary = body[:int(header_length)], body[int(header_length):]
+    else:
+        head, binary = body, b""
+    try:
+        return json.loads(head), binary
+    except (ValueError, RecursionError) as e:
+        raise BadRequest(f"the request is not valid JSON: {str(e)[:200]}") from None
+
+
+def parse_body(body: bytes, sig: Signature, *, encoding: str, header_length: str | None, limit: int,
+               batched: bool, max_batch: int) -> InferRequest:
+    """A whole HTTP infer body (as read, before its Content-Encoding) to an InferRequest: inflate, split, parse
+    the JSON, check it, make the numpy feeds. CPU-bound for large bodies: the server runs it off its event loop."""
+    header, binary = split_body(inflate(body, encoding, limit), header_length)
+    return decode(header, binary, sig, batched=batched, max_batch=max_batch)
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """One input, its description checked, its values not read yet."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    data: object = None          # the JSON values ...
+    chunk: bytes | None = None   # ... or the binary ones
+
+
 def decode(header: object, binary: bytes, sig: Signature, *, batched: bool, max_batch: int) -> InferRequest:
-    """Check a request against the model signature and turn it into numpy feeds."""
+    """Check a request against the model signature and turn it into numpy feeds. Every cheap check (names,
+    datatypes, shapes, the batch size against ``max_batch``, binary sizes, value counts) runs on every input
+    before any values are converted."""
     if not isinstance(header, dict):
         raise BadRequest("the request body must be a JSON object with an 'inputs' list")
     request_id = header.get("id")
@@ -80,60 +135,81 @@ def decode(header: object, binary: bytes, sig: Signature, *, batched: bool, max_
     if not isinstance(inputs, list) or not inputs:
         raise BadRequest("'inputs' must be a non-empty list of tensors")
     expected = {t.name: t for t in sig.inputs}
-    feeds: dict[str, np.ndarray] = {}
+    planned: dict[str, _Planned] = {}
     offset = 0
     for tensor in inputs:
-        if not isinstance(tensor, dict):
-            raise BadRequest("every entry of 'inputs' must be an object with name, datatype, shape and data")
-        name, datatype, shape = tensor.get("name"), tensor.get("datatype"), tensor.get("shape")
-        if not isinstance(name, str) or name not in expected:
-            raise BadRequest(f"unknown input {name!r}; the model's inputs are {sorted(expected)}")
-        if name in feeds:
-            raise BadRequest(f"input '{name}' is given twice")
-        spec = expected[name]
-        if datatype != spec.datatype:
-            raise BadRequest(f"input '{name}' has datatype {datatype!r}; the model expects {spec.datatype}")
-        if spec.datatype not in NUMPY_DTYPES:
-            raise BadRequest(f"input '{name}': datatype {spec.datatype} is not supported by this server")
-        if not _is_shape(shape):
-            raise BadRequest(f"input '{name}': 'shape' must be a list of non-negative integers")
-        if spec.shape is not None:
-            if len(shape) != len(spec.shape):
-                raise BadRequest(f"input '{name}' has shape {shape}; the model expects {spec.oip_shape()}")
-            for got, want in zip(shape, spec.shape):
-                if isinstance(want, int) and want >= 0 and got != want:
-                    raise BadRequest(f"input '{name}' has shape {shape}; the model expects {spec.oip_shape()}")
-        tparams = tensor.get("parameters") or {}
-        if not isinstance(tparams, dict):
-            raise BadRequest(f"input '{name}': 'parameters' must be an object")
-        size = tparams.get("binary_data_size")
-        if size is not None:
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):
-                raise BadRequest(f"input '{name}': binary_data_size {size!r} does not fit the binary body "
-                                 f"({len(binary) - offset} bytes left)")
-            if "data" in tensor:
-                raise BadRequest(f"input '{name}' has both 'data' and binary_data_size")
-            feeds[name] = _binary_tensor(name, datatype, shape, binary[offset:offset + size])
-            offset += size
-        else:
-            if "data" not in tensor:
-                raise BadRequest(f"input '{name}' has no 'data' and no binary_data_size parameter")
-            feeds[name] = _json_tensor(name, datatype, shape, tensor["data"])
+        plan = _plan(tensor, expected, planned, binary, offset, batched=batched, max_batch=max_batch)
+        offset += len(plan.chunk) if plan.chunk is not None else 0
+        planned[plan.name] = plan
     if offset != len(binary):
         raise BadRequest(f"the binary body has {len(binary) - offset} bytes that no input claims")
-    missing = sorted(set(expected) - set(feeds))
+    missing = sorted(set(expected) - set(planned))
     if missing:
         raise BadRequest(f"missing input(s) {missing}; the model's inputs are {sorted(expected)}")
     rows = 1
     if batched:
-        firsts = {a.shape[0] for a in feeds.values()}
+        firsts = {p.shape[0] for p in planned.values()}
         if len(firsts) != 1:
             raise BadRequest(f"the inputs disagree on the batch size (first dims {sorted(firsts)})")
         rows = firsts.pop()
-        if not 1 <= rows <= max_batch:
-            raise BadRequest(f"batch size {rows} is outside 1..{max_batch} (the server's max batch size)")
     outputs, binary_out = _requested_outputs(header, params, sig)
+    feeds = {p.name: _binary_tensor(p.name, p.datatype, p.shape, p.chunk) if p.chunk is not None
+             else _json_tensor(p.name, p.datatype, p.shape, p.data) for p in planned.values()}
     return InferRequest(request_id, feeds, rows, outputs, binary_out)
+
+
+def _plan(tensor: object, expected: dict, planned: dict, binary: bytes, offset: int, *, batched: bool,
+          max_batch: int) -> _Planned:
+    """One entry of 'inputs', checked without reading its values."""
+    if not isinstance(tensor, dict):
+        raise BadRequest("every entry of 'inputs' must be an object with name, datatype, shape and data")
+    name, datatype, shape = tensor.get("name"), tensor.get("datatype"), tensor.get("shape")
+    if not isinstance(name, str) or name not in expected:
+        raise BadRequest(f"unknown input {name!r}; the model's inputs are {sorted(expected)}")
+    if name in planned:
+        raise BadRequest(f"input '{name}' is given twice")
+    spec = expected[name]
+    if datatype != spec.datatype:
+        raise BadRequest(f"input '{name}' has datatype {datatype!r}; the model expects {spec.datatype}")
+    if spec.datatype not in NUMPY_DTYPES:
+        raise BadRequest(f"input '{name}': datatype {spec.datatype} is not supported by this server")
+    if not _is_shape(shape):
+        raise BadRequest(f"input '{name}': 'shape' must be a list of non-negative integers")
+    if spec.shape is not None:
+        if len(shape) != len(spec.shape):
+            raise BadRequest(f"input '{name}' has shape {shape}; the model expects {spec.oip_shape()}")
+        for got, want in zip(shape, spec.shape):
+            if isinstance(want, int) and want >= 0 and got != want:
+                raise BadRequest(f"input '{name}' has shape {shape}; the model expects {spec.oip_shape()}")
+    if batched:
+        if not shape:
+            raise BadRequest(f"input '{name}' has no batch dim (shape []); the model batches along the first dim")
+        if not 1 <= shape[0] <= max_batch:
+            raise BadRequest(f"batch size {shape[0]} is outside 1..{max_batch} (the server's max batch size)")
+    tparams = tensor.get("parameters") or {}
+    if not isinstance(tparams, dict):
+        raise BadRequest(f"input '{name}': 'parameters' must be an object")
+    size = tparams.get("binary_data_size")
+    if size is not None:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):
+            raise BadRequest(f"input '{name}': binary_data_size {size!r} does not fit the binary body "
+                             f"({len(binary) - offset} bytes left)")
+        if "data" in tensor:
+            raise BadRequest(f"input '{name}' has both 'data' and binary_data_size")
+        needed = math.prod(shape) * np.dtype(NUMPY_DTYPES[datatype]).itemsize
+        if size != needed:
+            raise BadRequest(f"input '{name}': shape {shape} of {datatype} needs {needed} bytes, got {size}")
+        return _Planned(name, datatype, shape, chunk=binary[offset:offset + size])
+    if "data" not in tensor:
+        raise BadRequest(f"input '{name}' has no 'data' and no binary_data_size parameter")
+    data = tensor["data"]
+    if not isinstance(data, list):
+        raise BadRequest(f"input '{name}': 'data' must be a (flat or nested) list of values")
+    count = math.prod(shape)
+    if len(data) != count and not (shape and len(data) == shape[0]):  # flat, or nested along the first dim
+        raise BadRequest(f"input '{name}': shape {shape} needs {count} values, 'data' has {len(data)} "
+                         f"{'entries' if data and isinstance(data[0], list) else 'values'}")
+    return _Planned(name, datatype, shape, data=data)
 
 
 def _requested_outputs(header: dict, params: dict, sig: Signature) -> tuple[tuple[str, ...], frozenset[str]]:

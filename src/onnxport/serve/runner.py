@@ -19,6 +19,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from onnxport.serve.connections import Timeouts, protocol_class
+
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
@@ -40,16 +42,18 @@ def _loop_factory():
 class Server:
     """Serve ``app`` (from :func:`onnxport.serve.serve_app`) on the listening ``sock`` and, with ``grpc_port``,
     the Triton gRPC service on ``host:grpc_port`` (0: any free port; :attr:`grpc_port` says which after
-    :attr:`started`). :meth:`run` blocks until a signal or :meth:`stop`, then drains."""
+    :attr:`started`). :meth:`run` blocks until a signal or :meth:`stop`, then drains. ``timeouts``: how long an
+    HTTP client may take to send a request's headers and body, and to stay idle (:mod:`.connections`)."""
 
     def __init__(self, app: FastAPI, sock: socket.socket, *, host: str = "127.0.0.1", grpc_port: int | None = None,
-                 drain_timeout_s: float = 30.0, log_level: str = "info") -> None:
+                 drain_timeout_s: float = 30.0, log_level: str = "info", timeouts: Timeouts = Timeouts()) -> None:
         self.app = app
         self.sock = sock
         self.host = host
         self.grpc_port = grpc_port
         self.drain_timeout_s = drain_timeout_s
         self.log_level = log_level
+        self.timeouts = timeouts.checked()
         self.started = threading.Event()
         self.drained: bool | None = None  # after run: whether every admitted request was answered in time
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -103,7 +107,8 @@ class Server:
             grpc, self.grpc_port = grpc_server(state.models, state.gate, host=self.host, port=self.grpc_port,
                                                max_message_bytes=state.max_body_bytes)
         http = _Uvicorn(uvicorn.Config(self.app, log_level=self.log_level, access_log=False, lifespan="on",
-                                       timeout_graceful_shutdown=self.drain_timeout_s))
+                                       timeout_graceful_shutdown=self.drain_timeout_s,
+                                       http=protocol_class(self.timeouts), timeout_keep_alive=self.timeouts.idle_s))
         self._http = http
         installed = self._install_signals()
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -27,7 +28,7 @@ from onnxport.serve.generate import (
     parse_request,
 )
 from onnxport.serve.models import DEFAULT_MAX_BATCH, DEFAULT_MAX_DELAY_MS, ModelSource, Signature, signature
-from onnxport.serve.protocol import BadRequest, InferRequest, decode
+from onnxport.serve.protocol import BadRequest, InferRequest, decode, parse_body
 from onnxport.serve.triton import model_config
 
 SERVER_NAME = "onnxport"
@@ -36,6 +37,25 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 TIME_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 T = TypeVar("T")
+
+# Request bodies and answers larger than this are parsed and encoded in a thread pool, not on the event loop
+# (smaller ones cost less than the hop to a thread: a 64 KiB JSON body parses in about half a millisecond).
+INLINE_BYTES = 64 * 1024
+PARSE_THREADS = 2
+_parse_pool: ThreadPoolExecutor | None = None
+
+
+async def offload(size: int, fn: Callable[..., T], *args, **kwargs) -> T:
+    """``fn(*args, **kwargs)``: on the event loop when ``size`` (the bytes it reads or writes) is at most
+    INLINE_BYTES, else in the parse pool, so that the loop keeps answering (health checks, other requests).
+    What releases the interpreter lock (inflating, copying arrays) runs beside the loop; ``json.loads`` holds it,
+    so the loop waits for one such call at most, instead of for every large body in turn."""
+    global _parse_pool
+    if size <= INLINE_BYTES:
+        return fn(*args, **kwargs)
+    if _parse_pool is None:
+        _parse_pool = ThreadPoolExecutor(max_workers=PARSE_THREADS, thread_name_prefix="onnxport-parse")
+    return await asyncio.get_running_loop().run_in_executor(_parse_pool, lambda: fn(*args, **kwargs))
 
 
 class Metrics:
@@ -202,19 +222,29 @@ class ServedModel:
             "batch_stats": [],
         }
 
-    async def infer(self, parts: Awaitable[tuple[object, bytes]], reply: Callable[[InferRequest, Outputs], T]) -> T:
-        """One inference request, whichever front it came by: ``parts`` reads it as an OIP JSON header and
-        its binary tensor data, the batcher runs it, ``reply`` encodes the answer. Counts it in the metrics
-        and statistics; BadRequest and InferenceError (counted as failures) go back to the front."""
+    def decode(self, header: object, binary: bytes) -> InferRequest:
+        """An OIP JSON header (parsed) and its binary tensor data as a request to this model (BadRequest)."""
+        return decode(header, binary, self.signature, batched=self.batcher.batched, max_batch=max(self.max_batch, 1))
+
+    def parse(self, body: bytes, *, encoding: str, header_length: str | None, limit: int) -> InferRequest:
+        """A whole HTTP infer body (Content-Encoding ``encoding``, Inference-Header-Content-Length
+        ``header_length``, at most ``limit`` bytes once inflated) as a request to this model (BadRequest)."""
+        return parse_body(body, self.signature, encoding=encoding, header_length=header_length, limit=limit,
+                          batched=self.batcher.batched, max_batch=max(self.max_batch, 1))
+
+    async def infer(self, request: Awaitable[InferRequest], reply: Callable[[InferRequest, Outputs], T]) -> T:
+        """One inference request, whichever front it came by: ``request`` reads and decodes it (see
+        :meth:`parse`, :meth:`decode`), the batcher runs it, ``reply`` encodes the answer (in the parse pool
+        when the outputs are large). Counts it in the metrics and statistics; BadRequest and InferenceError
+        (counted as failures) go back to the front."""
         start = time.perf_counter()
         self.batcher.announce()
         queued = False
         try:
-            header, binary = await parts
-            req = decode(header, binary, self.signature, batched=self.batcher.batched, max_batch=max(self.max_batch, 1))
+            req = await request
             queued = True
             outputs, batch = await self.batcher.infer(req.feeds, req.rows, announced=True)
-            answer = reply(req, outputs)
+            answer = await offload(sum(getattr(a, "nbytes", 0) for a in outputs.values()), reply, req, outputs)
         except (BadRequest, InferenceError):
             elapsed = time.perf_counter() - start
             self.metrics.requests.labels(self.name, "failure").inc()

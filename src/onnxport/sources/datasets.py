@@ -66,11 +66,20 @@ class SampleSet:
         return {"file": self.file, "kind": self.kind, "count": self.count, **self.detail}
 
 
+MAX_SAMPLES_BYTES = 2 * 2**30  # a --samples file larger than this is refused before it is read
+
+
 def check_options(path: str | Path, tokenizer: str | Path | None = None, preprocess: str | None = None) -> None:
     """What can be checked before the model is loaded: the files exist and have a known form."""
     p = Path(path)
     if not p.exists():
         raise BadSamples(p, "not found", "give an existing file or folder")
+    if not (p.is_file() or p.is_dir()):
+        raise BadSamples(p, "is not a regular file or a folder (a device, a pipe or a socket)",
+                         "save the samples to a file first")
+    if p.is_file() and p.stat().st_size > MAX_SAMPLES_BYTES:
+        raise BadSamples(p, f"holds {p.stat().st_size / 2**30:.1f} GiB, more than the {MAX_SAMPLES_BYTES // 2**30} GiB "
+                            "a proof reads", "give a sample of the data: a few hundred rows prove as much")
     if p.is_file() and p.suffix.lower() not in ARRAY_SUFFIXES + TEXT_SUFFIXES:
         raise BadSamples(p, f"unknown kind of file '{p.suffix or p.name}'", f"give {FORMATS}")
     if p.is_file() and not os.access(p, os.R_OK):

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import inspect
+import json
 import os
 from pathlib import Path
 
-from onnxport.core.errors import SourceError, missing_dependency
+from onnxport.core.errors import SourceError, missing_dependency, one_line
 from onnxport.core.spec import Dim, InputSpec
 from onnxport.sources.base import LoadedModel
 from onnxport.sources.finish import declared_or, finish
@@ -31,6 +32,15 @@ def load_hf(source: str, inputs: list[InputSpec], dims: list[Dim], *, task: str 
         raise SourceError(f"Hugging Face model directory not found: {path}", "hf:DIR takes a local directory")
     if not (path / "config.json").is_file():
         raise SourceError(f"{path} has no config.json", "point hf: at a directory saved with save_pretrained()")
+    try:
+        raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise SourceError(f"{path / 'config.json'} is not JSON ({one_line(e, 120)})",
+                          "save the model again with save_pretrained(), or fix the file") from None
+    if not isinstance(raw, dict) or ("model_type" not in raw and "auto_map" not in raw):
+        raise SourceError(f"{path / 'config.json'} names no model_type",
+                          "save the model with save_pretrained() (it writes model_type), or add \"model_type\" to "
+                          "config.json by hand") from None
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory never needs the network
     try:
         import transformers

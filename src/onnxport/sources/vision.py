@@ -50,6 +50,9 @@ def load_torchvision(source: str, inputs: list[InputSpec], dims: list[Dim]) -> L
         defaults["height"] = Dim("height", 96, 512, 299)
         defaults["width"] = Dim("width", 96, 512, 307)
     specs = declared_or(inputs, _image_inputs(3, size))
+    if not inputs and name in torchvision.models.list_models(module=torchvision.models.detection):
+        # a detector takes a list of images, and a trace unrolls its loop over them: one image per run
+        specs = [InputSpec("image", "float32", (1, 3, "height", "width"))]
     return finish(source, name, "torchvision", model, specs, dims, defaults, built_here=True)
 
 

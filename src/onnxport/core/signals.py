@@ -1,0 +1,56 @@
+"""SIGINT and SIGTERM during a run: a :class:`Stopped` raised in the main thread, so that every ``finally`` on
+the way out runs (the staging folder removed, the user's earlier results untouched), then one line and exit
+130 / 143.
+
+A library that swallows the exception (some exporter paths catch everything) cannot hide the signal: it stays
+:func:`pending`, and :func:`check` raises it again at the next stage boundary."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+_pending: int | None = None
+
+
+class Stopped(BaseException):
+    """The run was stopped by a signal (a BaseException: ``except Exception`` does not catch it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+    @property
+    def word(self) -> str:
+        return "interrupted" if self.signum == signal.SIGINT else "terminated"
+
+
+def _handler(signum: int, frame: object) -> None:
+    global _pending
+    _pending = signum
+    raise Stopped(signum)
+
+
+def install() -> None:
+    """Handle SIGINT and SIGTERM by raising :class:`Stopped` (main thread only; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _handler)
+
+
+def pending() -> int | None:
+    """The signal received during this run, if any (even when the exception it raised was swallowed)."""
+    return _pending
+
+
+def check() -> None:
+    """Raise :class:`Stopped` again when a signal came and its exception was swallowed."""
+    if _pending is not None:
+        raise Stopped(_pending)
+
+
+def reset() -> None:
+    global _pending
+    _pending = None
