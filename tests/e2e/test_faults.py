@@ -154,6 +154,8 @@ def odd_files(tmp_path_factory) -> Path:
     hf = d / "hf"
     hf.mkdir()
     (hf / "config.json").write_text("{not json")
+    import numpy as np
+    np.savez(d / "nan.npz", x=np.full((4, 8), np.nan, dtype=np.float32))
     (d / "exits.py").write_text("import sys, torch\nclass Net(torch.nn.Module):\n"
                                 "    def forward(self, x):\n        sys.exit(0)\n")
     return d
@@ -173,6 +175,8 @@ BAD = [
     ("read-only out", ["export", MLP, *X, "-o", "{d}/readonly"], {}, "cannot write into"),
     ("dangling out", ["export", MLP, *X, "-o", "{d}/dangling"], {}, "does not exist"),
     ("sys.exit in forward", ["export", "{d}/exits.py:Net", *X], {}, "sys.exit(0)"),
+    ("nan samples", ["export", MLP, *X, "--samples", "{d}/nan.npz"], {}, "NaN"),
+    ("a folder to check", ["check", "{d}"], {}, "is a folder"),
 ]
 
 
@@ -181,7 +185,7 @@ def test_bad_input_is_exit_2_in_one_line_before_any_work(odd_files, tmp_path, la
     if label == "read-only out" and os.geteuid() == 0:
         pytest.skip("root writes into read-only folders")
     args = [a.format(d=odd_files) for a in args]
-    out = [] if "-o" in args else ["-o", str(tmp_path / "o")]
+    out = [] if "-o" in args or args[0] == "check" else ["-o", str(tmp_path / "o")]
     env_all = dict(os.environ, COLUMNS="200", ONNXPORT_DEBUG="", **env)
     proc = subprocess.run([sys.executable, "-m", "onnxport", *args, *out], capture_output=True, text=True,
                           timeout=300, env=env_all, cwd=ROOT)

@@ -94,6 +94,10 @@ def _guard(fn):
             err.print("interrupted")
             raise typer.Exit(130) from None
         except Exception as e:  # noqa: BLE001 - last line of defence: a bug, reported in one line
+            if signals.pending() is not None:  # a library turned the signal's exception into its own error
+                stopped = signals.Stopped(signals.pending())
+                err.print(stopped.word)
+                raise typer.Exit(stopped.exit_code) from None
             if disk_full(e):
                 full = DiskFull()
                 err.print(f"[bold red]error:[/] {escape(full.message)}. Hint: {escape(full.hint)}", markup=True)

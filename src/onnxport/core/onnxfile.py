@@ -38,6 +38,10 @@ def read_graph(path: str | Path) -> onnx.ModelProto:
     """The ONNX model at ``path`` without its external weights; a file that is missing or is no ONNX model is
     a UsageError naming it."""
     path = Path(path)
+    if path.is_dir():
+        found = next((n for n in ("model.onnx", "best.onnx") if (path / n).is_file()), None)
+        raise UsageError(f"{path} is a folder, not an ONNX file",
+                         f"give the file itself, e.g. {path / found}" if found else "give the path of a .onnx file")
     if not path.is_file():
         raise UsageError(f"ONNX file not found: {path}", "check the path")
     try:

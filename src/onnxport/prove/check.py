@@ -46,6 +46,10 @@ def _io(value: onnx.ValueInfoProto) -> dict:
 def check(path: str | Path, inputs: tuple[InputSpec, ...] | None = None, dims: dict | None = None) -> CheckResult:
     """Check ``path`` structurally; with ``inputs``, verify that every declared-dynamic dim is symbolic."""
     path = Path(path)
+    if path.is_dir():
+        found = next((n for n in ("model.onnx", "best.onnx") if (path / n).is_file()), None)
+        raise UsageError(f"{path} is a folder, not an ONNX file",
+                         f"give the file itself, e.g. {path / found}" if found else "give the path of a .onnx file")
     if not path.is_file():
         raise UsageError(f"ONNX file not found: {path}", "check the path")
     try:

@@ -89,6 +89,7 @@ class ModelSource:
     batching_off: str | None = None  # why this model is served unbatched whatever --max-batch says
     decoder_layout: dict | None = None  # report.json's decoder.layout, for a decoder exported with its cache
     proven_options: dict | None = None  # report.json's best.session_options: how best.onnx was proven (TF32, TensorRT)
+    constrained_dims: dict | None = None  # report.json's dims the model runs at some sizes of only: {sym: rule/sizes}
 
 
 def _model_name(raw: str) -> str:
@@ -146,7 +147,7 @@ def session_options_from_tuned(tuned: Any) -> dict:
 
 def _from_output_folder(out: Path) -> ModelSource:
     onnx_path = out / "best.onnx" if (out / "best.onnx").is_file() else out / "model.onnx"
-    name, options, layout, proven = out.resolve().name, {}, None, None  # named after the folder: `serve out/minilm` is "minilm"
+    name, options, layout, proven, constrained = out.resolve().name, {}, None, None, None  # named after the folder: `serve out/minilm` is "minilm"
     report_path = out / "report.json"
     if report_path.is_file():
         try:
@@ -160,11 +161,25 @@ def _from_output_folder(out: Path) -> ModelSource:
         layout = decoder.get("layout") if isinstance(decoder, dict) else None
         best = report.get("best") if isinstance(report, dict) else None
         proven = best.get("session_options") if isinstance(best, dict) and onnx_path.name == "best.onnx" else None
+        constrained = _constrained_dims(report)
     note = _not_batch_invariant(report if report_path.is_file() else None, onnx_path.name)
     return ModelSource(_model_name(name), "1", onnx_path, session_options=options,
                        max_batch=1 if note else None, batching_off=note,
                        decoder_layout=layout if isinstance(layout, dict) else None,
-                       proven_options=proven if isinstance(proven, dict) and proven else None)
+                       proven_options=proven if isinstance(proven, dict) and proven else None,
+                       constrained_dims=constrained)
+
+
+def _constrained_dims(report: Any) -> dict | None:
+    """The dims of report.json's model the ONNX model is proven at some sizes of only: {symbol: the rule, else
+    the sizes}."""
+    model = report.get("model") if isinstance(report, dict) else None
+    dims = model.get("dims") if isinstance(model, dict) else None
+    if not isinstance(dims, dict):
+        return None
+    found = {str(sym): str(d.get("rule") or ",".join(map(str, d.get("sizes") or [])))
+             for sym, d in dims.items() if isinstance(d, dict) and d.get("sizes")}
+    return found or None
 
 
 def _not_batch_invariant(report: Any, served: str) -> str | None:

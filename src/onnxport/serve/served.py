@@ -204,6 +204,8 @@ class ServedModel:
                               max_delay_us=int(self.max_delay_ms * 1000), session_options=self.source.session_options)
         if self.source.batching_off:
             config.setdefault("parameters", {})["onnxport_batching"] = {"string_value": f"off: {self.source.batching_off}"}
+        for sym, rule in (self.source.constrained_dims or {}).items():  # proven at these sizes only
+            config.setdefault("parameters", {})[f"onnxport_constrained_dim_{sym}"] = {"string_value": rule}
         return config
 
     def statistics(self) -> dict:

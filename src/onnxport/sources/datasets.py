@@ -218,6 +218,12 @@ def _read_arrays(path: Path, loaded: LoadedModel, batched: bool) -> list[tuple[n
         shown = ", ".join(f"'{n}' {list(arrays[n].shape)}" for n in names)
         raise BadSamples(path, f"the arrays need one leading sample axis of one length: {shown}", _shape_hint(batched))
     ordered = [_cast(path, s, arrays[s.name]) for s in loaded.inputs]
+    for spec, arr in zip(loaded.inputs, ordered):
+        if arr.dtype.kind == "f" and arr.size and not np.isfinite(arr).all():
+            bad = np.flatnonzero(~np.isfinite(arr.reshape(len(arr), -1)).all(axis=1))
+            raise BadSamples(path, f"array '{spec.name}' holds NaN or infinite values ({len(bad)} of {len(arr)} "
+                                   f"samples, first: sample {bad[0]})",
+                             "a proof on non-finite inputs checks nothing: give finite samples")
     return [tuple(a[i] for a in ordered) for i in range(counts[names[0]])]
 
 
