@@ -3,8 +3,8 @@ written at each checkpoint. The façades in api.py call into it.
 
 A run is a list of :class:`Stage` records per model kind — :data:`EXPORT_STAGES` (a model exported here),
 :data:`ADOPTED_STAGES` (an ONNX file given to ``compare``/``optimize``/``bench``), :data:`DECODER_STAGES` (a
-causal LM with its KV cache) — run by :func:`run_stages` on one :class:`Run`, which carries the run's
-:class:`~onnxport.core.options.Options` and the records made so far."""
+causal LM with its KV cache), :data:`SEQ2SEQ_STAGES` (an encoder-decoder) — run by :func:`run_stages` on one
+:class:`Run`, which carries the run's :class:`~onnxport.core.options.Options` and the records made so far."""
 
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from onnxport import decoder, diagnose, optimize, report, rootcause, runtime
+from onnxport import decoder, diagnose, optimize, report, rootcause, runtime, seq2seq
 from onnxport.bench import run as bench_run
 from onnxport.bench import sizes_at
 from onnxport.core import signals
 from onnxport.core.diagnostics import Diagnostic, error, info, warning
-from onnxport.core.errors import ConstrainedDims, ExportFailed, UsageError, one_line
+from onnxport.core.errors import ExportFailed, UsageError, one_line
 from onnxport.core.logs import Progress, noop
 from onnxport.core.onnxfile import external_data_files, move_model, read_graph
 from onnxport.core.options import (
@@ -35,7 +35,7 @@ from onnxport.core.options import (
 from onnxport.core.outdir import RESULT_FILES, check_out, output_folder
 from onnxport.core.records import BatchInvariance, ExportResult, Failure
 from onnxport.core.samples import validation_cases
-from onnxport.core.spec import Dim, InputSpec, parse_dim, parse_input
+from onnxport.core.spec import Dim, InputSpec
 from onnxport.decoder.applies import refuse_for_decoder
 from onnxport.decoder.tokenizer import save_tokenizer
 from onnxport.exporters import functions
@@ -49,8 +49,9 @@ from onnxport.prove.check import check
 from onnxport.prove.parity import compare
 from onnxport.report.build import Outcome, build_report, status_of
 from onnxport.runtime import ops
-from onnxport.sources import datasets, load, parse_model_args
+from onnxport.sources import datasets, parse_model_args
 from onnxport.sources.base import LoadedModel
+from onnxport.sources.declared import load_declared
 
 
 def use_runtime(options: RuntimeOptions) -> None:
@@ -149,6 +150,10 @@ def _write(outcome: Outcome, out: Path) -> dict:
 
 def run_pipeline(source: str, out: str | Path, options: Options = Options(), progress: Progress = noop) -> dict:
     """Load ``source`` and run every stage ``options`` asks for into ``out``; returns the report."""
+    if seq2seq.wants_seq2seq(source, options.load.task) and not options.load.inputs:  # docs/seq2seq.md
+        use_runtime((options := seq2seq.checked(options.checked())).runtime)
+        with _loaded_into(out, source, options, progress, False, load=seq2seq.load, **_load_kw(options.load)) as run:
+            return run_stages(SEQ2SEQ_STAGES, run)
     wants_cache = decoder.wants_cache(source, options.load.task) and not options.load.inputs
     options = _variants_of(options.checked(), optimize.DECODER if wants_cache else optimize.MODEL)
     if wants_cache:
@@ -216,7 +221,7 @@ def _loaded_into(out: str | Path, source: str, options: Options, progress: Progr
     check_out(Path(out), options.force)  # before the (slow) load; the folder is made after it
     t0 = time.perf_counter()
     progress(f"loading {source}")
-    loaded = load_model(source, **load_kw)
+    loaded = load_kw.pop("load", load_model)(source, **load_kw)
     timings["load"] = time.perf_counter() - t0
     if check_seq:
         _check_seq(loaded, options.optimize.seq)
@@ -314,7 +319,7 @@ def _prove(run: Run) -> Run:
     first: Run | None = None
     while True:
         trial = _proof_of(run, localize_failure=first is None)
-        if trial.proven or run.candidates is None:
+        if trial.proven or run.candidates is None or not _worth_another_export(trial):
             break
         why = _why_unproven(trial)
         if first is None:
@@ -348,6 +353,16 @@ def _proof_of(run: Run, localize_failure: bool = True) -> Run:
     outcome = _check_and_compare(run, list(run.outcome.diagnostics), localize_failure).but(
         log=run.options.log_name, stage_seconds=run.outcome.stage_seconds, custom_functions=run.outcome.custom_functions)
     return _prove_samples(run.but(loaded=outcome.loaded, outcome=outcome))
+
+
+def _worth_another_export(run: Run) -> bool:
+    """Whether another exporter could do better than this unproven file: not when every case fails by rounding
+    alone (reduced precision) or PyTorch itself fails on the cases that fail."""
+    o = run.outcome
+    if any(d.code == "reduced-precision" and d.severity == "error" for d in o.diagnostics):
+        return False
+    failed = [r for r in (o.parity.cases if o.parity else ()) if not r.passed]
+    return not failed or any(r.failure is not Failure.TORCH for r in failed)
 
 
 def _why_unproven(run: Run) -> str:
@@ -428,6 +443,7 @@ def _decoder(run: Run) -> Run:
 
 
 DECODER_STAGES: tuple[Stage, ...] = (Stage("export_and_proof", _decoder, checkpoint=True),)
+SEQ2SEQ_STAGES: tuple[Stage, ...] = (Stage("export_and_proof", seq2seq.stage, checkpoint=True),)
 
 
 def _bench_backends(run: Run) -> tuple[dict[str, Path], list]:
@@ -542,14 +558,6 @@ def _placed_session(run: Run, nodes: int) -> tuple[runtime.Placement | None, Any
     return runtime.placement_from(sess, run.device, chain, "".join(log), gpu=run.options.runtime.gpu), sess
 
 
-def _as_specs(inputs: Sequence[str | InputSpec] | None) -> list[InputSpec]:
-    return [i if isinstance(i, InputSpec) else parse_input(i) for i in inputs or []]
-
-
-def _as_dims(dims: Sequence[str | Dim] | None) -> list[Dim]:
-    return [d if isinstance(d, Dim) else parse_dim(d) for d in dims or []]
-
-
 def load_model(source: str, *, inputs: Sequence[str | InputSpec] | None = None,
                dims: Sequence[str | Dim] | None = None, model_args: dict | str | None = None,
                weights: str | None = None, task: str | None = None, trust_remote_code: bool = False,
@@ -562,32 +570,6 @@ def load_model(source: str, *, inputs: Sequence[str | InputSpec] | None = None,
     is the default and kept for the command lines that spell it)."""
     rules = compare if isinstance(compare, dict) else judging.parse_rules(compare)  # a typo fails before the load
     args = parse_model_args(model_args) if isinstance(model_args, str) else (model_args or {})
-    declared = {d.symbol: d for d in _as_dims(dims)}
-    kw = dict(inputs=_as_specs(inputs), model_args=args, weights=weights, task=task,
-              trust_remote_code=trust_remote_code)
-    found: dict[str, tuple[tuple[int, ...], str | None]] = {}
-    for tries in range(1, 6):  # each pass may find another constrained dim, once the first keeps to its sizes
-        try:
-            loaded = load(source, dims=list(declared.values()), **kw)
-            break
-        except ConstrainedDims as e:
-            if strict_dims or tries == 5 or not set(e.sizes) - set(found):
-                raise
-            for sym, sizes in e.sizes.items():
-                declared[sym] = Dim(sym, sizes[0], sizes[-1], sizes=sizes, rule=e.rules.get(sym))
-                found[sym] = (sizes, e.rules.get(sym))
-    if found:
-        loaded = dataclasses.replace(loaded, diagnostics=(*loaded.diagnostics, *_constrained(found)))
+    loaded = load_declared(source, inputs=inputs, dims=dims, model_args=args, weights=weights, task=task,
+                           trust_remote_code=trust_remote_code, strict_dims=strict_dims)
     return judging.resolve(loaded, rules)
-
-
-def _constrained(found: dict[str, tuple[tuple[int, ...], str | None]]) -> list[Diagnostic]:
-    """A ``constrained-dim`` warning per dim the model runs at some sizes of only."""
-    out = []
-    for sym, (sizes, rule) in found.items():
-        shown = ", ".join(map(str, sizes[:6])) + (", …" if len(sizes) > 6 else "")
-        what = f"{rule} ({sizes[0]}..{sizes[-1]})" if rule else f"these sizes: {shown}"
-        out.append(warning("constrained-dim", f"the PyTorch model runs with {sym} at {what} only: proven at those "
-                           "sizes", hint=f"feed the ONNX model {sym} at those sizes; --strict-dims makes this an "
-                                         "error (exit 2)"))
-    return out
