@@ -51,3 +51,29 @@ def test_the_percentage_of_peak_is_of_the_device_and_precision_it_runs_in(tmp_pa
                       "onnxruntime:best (tensorrt)": 800000.0, "onnxruntime:tf32": 400000.0}
     assert peak.peak_gflops({"gflops": 100.0}, "onnxruntime:best (fp16)") == 100.0  # a CPU: one fp32 peak
     assert peak.peak_gflops(None, "pytorch") is None
+
+
+def test_int8_and_bf16_are_set_against_their_own_peak():
+    cpu = {"gflops": 100.0, "by_precision": {"fp32": 100.0, "int8": 400.0, "bf16": 200.0}}
+    assert peak.peak_gflops(cpu, "onnxruntime:best (fused+int8)") == 400.0
+    assert peak.peak_gflops(cpu, "onnxruntime:best (openvino-bf16)") == 200.0
+    assert peak.peak_gflops(cpu, "onnxruntime") == 100.0
+    assert peak.peak_gflops(cpu, "openvino", cpu_flags=["avx512_bf16"]) == 200.0  # OpenVINO's default there: bf16
+    assert peak.peak_gflops(cpu, "openvino", cpu_flags=["avx2"]) == 100.0
+    old = {"gflops": 100.0}  # a peak measured before the int8/bf16 ones: no percentage rather than a wrong one
+    assert peak.peak_gflops(old, "onnxruntime:best (int8)") is None
+    assert peak.backend_precision("onnxruntime:best (openvino-int8)") == "int8"
+
+
+def test_the_int8_and_bf16_peaks_are_measured(tmp_path, monkeypatch):
+    monkeypatch.setattr(peak, "measure_int8_gemm", lambda t, s, r: 7.0)
+    monkeypatch.setattr(peak, "measure_bf16_gemm", lambda t, s, r: 5.0)
+    got = gemm_peak(1, cache_file=tmp_path / "peak.json", size=64, repeats=1)
+    assert got["by_precision"]["int8"] == 7.0 and got["by_precision"]["bf16"] == 5.0
+    assert got["by_precision"]["fp32"] == got["gflops"]
+    (tmp_path / "old.json").write_text(json.dumps({peak_key(1): {"gflops": 3.0}}))  # no by_precision: measured anew
+    assert "by_precision" in gemm_peak(1, cache_file=tmp_path / "old.json", size=64, repeats=1)
+
+
+def test_int8_and_bf16_kernels_run():
+    assert peak.measure_int8_gemm(1, 64, 1) > 0 and peak.measure_bf16_gemm(1, 64, 1) > 0

@@ -84,3 +84,12 @@ def test_every_constrained_dim_is_found_windows_in_h_and_w(tmp_path):
     assert rep["model"]["dims"]["h"]["rule"] == rep["model"]["dims"]["w"]["rule"] == "multiples of 8"
     assert all(c["sizes"]["h"] % 8 == 0 and c["sizes"]["w"] % 8 == 0 for c in rep["validation"]["cases"])
     assert rep["status"] == "ok"
+
+
+def test_an_example_size_that_fails_is_moved_to_sizes_that_run(tmp_path):
+    out = tmp_path / "o"  # h=64 and w=63 at export: the example itself fails, as a strided model's would
+    proc = run_cli("export", f"{FX}:Windows", "-i", "x:float32[batch,3,h,w]", "-d", "h=16..64", "-d", "w=16..64",
+                   "-o", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    dims = load_report(out)["model"]["dims"]
+    assert dims["h"]["rule"] == dims["w"]["rule"] == "multiples of 8" and dims["w"]["export"] % 8 == 0

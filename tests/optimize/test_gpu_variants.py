@@ -286,7 +286,7 @@ def test_the_benchmark_times_the_best_with_its_session_options(mlp, mlp_file):
     best = SessionBackend(mlp_file, open_for({"provider": CPU, "enable_cuda_graph": True}),
                               "onnxruntime:best (cuda-graph)")
     result = run(mlp, {"onnxruntime": mlp_file}, batches=[2], min_runs=3, max_seconds=0.5, warmup=1, peak=False,
-                 threads=1, extra_backends=[best])
+                 openvino=False, threads=1, extra_backends=[best])
     rows = {r.backend: r for r in result.runs}
     assert set(rows) == {"pytorch", "onnxruntime", "onnxruntime:best (cuda-graph)"}
     assert rows["onnxruntime:best (cuda-graph)"].max_abs_diff < 1e-5

@@ -6,9 +6,16 @@ import pytest
 
 from onnxport import optimize
 from onnxport.api import export, load_model
+from onnxport.optimize import openvino as ov_variants
 from onnxport.optimize.plan import default_plan
-from onnxport.optimize.result import VARIANTS, parse_names
+from onnxport.optimize.result import OPENVINO_VARIANTS, VARIANTS, parse_names
 from tests.conftest import MODELS
+
+
+@pytest.fixture(autouse=True)
+def no_openvino(monkeypatch):
+    """The plans below as on a machine without OpenVINO (tests/optimize/test_openvino.py plans with it)."""
+    monkeypatch.setattr(ov_variants, "openvino_missing", lambda: "the optional package 'openvino' is not installed")
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +26,8 @@ def mlp():
 def test_plan_for_a_plain_model_on_a_cpu_without_fp16(mlp):
     plan = default_plan(mlp, "cpu", ["avx2", "fma"])
     assert plan.build == ("int8",)
-    assert set(plan.skipped) == set(VARIANTS) - {"int8"}
+    assert set(plan.skipped) == (set(VARIANTS) | set(OPENVINO_VARIANTS)) - {"int8"}
+    assert all("not installed" in plan.skipped[n] for n in OPENVINO_VARIANTS)
     assert "no native fp16" in plan.skipped["fp16"] and "--variants all" in plan.skipped["fp16"]
 
 

@@ -1,7 +1,9 @@
-"""The machine's measured GEMM peak (GFLOP/s): the CPU's fp32 peak, cached per CPU model and thread count, and
-a GPU's own matmul peak (fp32 with TF32 off, TF32, fp16), cached per GPU name. The benchmark's "% peak" divides
-by the peak of the device it runs on (:func:`device_peak`) in the precision the backend computes in
-(:func:`peak_gflops`)."""
+"""The machine's measured GEMM peak (GFLOP/s): the CPU's peaks (fp32; int8 through ONNX Runtime's MatMulInteger,
+u8×s8 as VNNI/AMX run it; bf16 through torch.mm), cached per CPU model and thread count, and a GPU's own matmul
+peak (fp32 with TF32 off, TF32, fp16), cached per GPU name. The benchmark's "% peak" divides by the peak of the
+device it runs on (:func:`device_peak`) in the precision the backend computes in (:func:`peak_gflops`): an int8
+variant against the int8 peak, never the fp32 one (it would read "197 % of peak"); where the peak of that
+precision was not measured there is no percentage."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ import datetime as _dt
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from onnxport import environment
 from onnxport.runtime.backends import default_threads
@@ -72,9 +76,51 @@ def measure_gemm(threads: int, size: int = 2048, repeats: int = 5) -> dict:
     ort_s = _time_best(lambda: sess.run(None, feed), repeats)
     results = {"torch.mm": work / torch_s / 1e9, "onnxruntime MatMul": work / ort_s / 1e9}
     method = max(results, key=results.__getitem__)
+    by_precision = {"fp32": round(results[method], 2), "int8": round(measure_int8_gemm(threads, size, repeats), 2),
+                    "bf16": round(measure_bf16_gemm(threads, size, repeats), 2)}
     return {"gflops": round(results[method], 2), "method": method,
-            "by_method": {k: round(v, 2) for k, v in results.items()}, "size": size, "repeats": repeats,
-            "threads": threads, "measured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+            "by_method": {k: round(v, 2) for k, v in results.items()}, "by_precision": by_precision,
+            "precision_methods": {"int8": "onnxruntime MatMulInteger (uint8 x int8)", "bf16": "torch.mm (bfloat16)"},
+            "size": size, "repeats": repeats, "threads": threads,
+            "measured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def measure_int8_gemm(threads: int, size: int = 2048, repeats: int = 5) -> float:
+    """GOP/s of ONNX Runtime's MatMulInteger on square ``size`` matrices (uint8 activations, int8 weights: the
+    kernel dynamic int8 runs, on VNNI/AMX where the CPU has them)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 255, (size, size), dtype=np.uint8)
+    b = rng.integers(-127, 127, (size, size), dtype=np.int8)
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["A", "B"], ["Y"])], "gemm_int8",
+        [helper.make_tensor_value_info("A", TensorProto.UINT8, [size, size])],
+        [helper.make_tensor_value_info("Y", TensorProto.INT32, [size, size])],
+        [numpy_helper.from_array(b, "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = min(model.ir_version, 9)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return 2.0 * size**3 / _time_best(lambda: sess.run(None, {"A": a}), repeats) / 1e9
+
+
+def measure_bf16_gemm(threads: int, size: int = 2048, repeats: int = 5) -> float:
+    """GFLOP/s of torch.mm in bfloat16 on square ``size`` matrices (AVX-512 BF16/AMX where the CPU has them)."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(0)
+        a = torch.randn(size, size, generator=g).to(torch.bfloat16)
+        b = torch.randn(size, size, generator=g).to(torch.bfloat16)
+        out = torch.empty(size, size, dtype=torch.bfloat16)
+        return 2.0 * size**3 / _time_best(lambda: torch.mm(a, b, out=out), repeats) / 1e9
+    finally:
+        torch.set_num_threads(saved)
 
 
 def gemm_peak(threads: int | None = None, *, cache_file: str | Path | None = None, size: int = 2048,
@@ -85,8 +131,11 @@ def gemm_peak(threads: int | None = None, *, cache_file: str | Path | None = Non
     The result carries ``cached``: whether it came from the file.
     """
     threads = threads or default_threads()
-    return _cached(Path(cache_file) if cache_file else cache_dir() / "peak.json", peak_key(threads),
-                   lambda: measure_gemm(threads, size, repeats), refresh)
+    path = Path(cache_file) if cache_file else cache_dir() / "peak.json"
+    found = _cached(path, peak_key(threads), lambda: measure_gemm(threads, size, repeats), refresh)
+    if found.get("cached") and "by_precision" not in found:  # measured before the int8/bf16 peaks were
+        found = _cached(path, peak_key(threads), lambda: measure_gemm(threads, size, repeats), True)
+    return found
 
 
 def _cached(path: Path, key: str, measure: Callable[[], dict], refresh: bool) -> dict:
@@ -186,21 +235,33 @@ def device_peak(device: str, threads: int | None = None, *, cache_file: str | Pa
     return gemm_peak(threads, cache_file=cache_file)
 
 
-def backend_precision(backend: str) -> str:
-    """The precision a benchmark backend computes its matmuls in, read from its label (fp16 and TensorRT files:
-    fp16; tf32: TF32; every other one: fp32)."""
+def backend_precision(backend: str, cpu_flags: Sequence[str] | None = None) -> str:
+    """The precision a benchmark backend computes its matmuls in, read from its label: int8 files (int8), bf16
+    ones and OpenVINO's default on a CPU with native bf16 (bf16), fp16 and TensorRT files (fp16), tf32 (TF32);
+    every other one: fp32. ``cpu_flags``: this CPU's features (default: read here)."""
     name = backend.lower()
+    if "int8" in name:
+        return "int8"
+    if "bf16" in name:
+        return "bf16"
+    if name == "openvino":  # OpenVINO's defaults: bf16 inference precision where the CPU has native bf16
+        flags = environment.cpu()["flags"] if cpu_flags is None else cpu_flags
+        return "bf16" if any(f in flags for f in ("avx512_bf16", "amx_bf16")) else "fp32"
     if "fp16" in name or "tensorrt" in name:
         return "fp16"
     return "tf32" if "tf32" in name else "fp32"
 
 
-def peak_gflops(peak: dict | None, backend: str) -> float | None:
-    """The GFLOP/s a backend's achieved speed is a percentage of: a GPU peak in the backend's precision
-    (:func:`backend_precision`), the CPU's fp32 peak otherwise."""
+def peak_gflops(peak: dict | None, backend: str, cpu_flags: Sequence[str] | None = None) -> float | None:
+    """The GFLOP/s a backend's achieved speed is a percentage of: the peak in the backend's precision
+    (:func:`backend_precision`); the fp32 peak for fp32, TF32 and fp16 where no peak of that precision was
+    measured (fp16 on a CPU runs through casts); None for int8 and bf16 without their own measured peak."""
     if not peak:
         return None
     by = peak.get("by_precision") or {}
-    value = by.get(backend_precision(backend)) if by else None
+    precision = backend_precision(backend, cpu_flags)
+    value = by.get(precision)
+    if value is None and precision in ("int8", "bf16"):
+        return None
     value = value or peak.get("gflops")
     return float(value) if value else None

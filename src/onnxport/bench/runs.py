@@ -23,7 +23,7 @@ import numpy as np
 from onnxport import environment
 from onnxport.bench.flopcount import flops
 from onnxport.bench.harness import stats, timed_blocks
-from onnxport.bench.peak import device_peak, peak_gflops
+from onnxport.bench.peak import backend_precision, device_peak, peak_gflops
 from onnxport.bench.tuning import tune
 from onnxport.core.errors import UsageError
 from onnxport.core.logs import Progress, noop
@@ -60,9 +60,10 @@ class Run:
     throughput: float
     gflop: float | None = None  # work per inference (reference ONNX graph)
     gflops: float | None = None  # achieved, at the p50 time
-    peak_pct: float | None = None  # of the measured fp32 GEMM peak
+    peak_pct: float | None = None  # of the measured GEMM peak in ``peak_precision``
     speedup: float | None = None  # PyTorch eager p50 / this p50
     max_abs_diff: float | None = None  # outputs against the first backend (PyTorch eager)
+    peak_precision: str | None = None  # the precision of the peak ``peak_pct`` divides by (fp32, int8, bf16...)
 
     def to_dict(self) -> dict:
         """The report.json run dictionary: floats to 5 significant digits, non-finite ones as None."""
@@ -328,7 +329,8 @@ def _bench_one(backends: list[Backend], feeds: dict[str, np.ndarray], batch: int
         diff = None if b.name == ref_name else compare_outputs(outputs[ref_name], outputs[b.name])
         rows.append(Run(b.name, batch, seq, shapes, st["p50_ms"], st["p90_ms"], st["p99_ms"], st["mean_ms"],
                         st["std_ms"], st["min_ms"], st["runs"], st["throughput"],
-                        work / 1e9 if work else None, gflops, pct, None, diff))
+                        work / 1e9 if work else None, gflops, pct, None, diff,
+                        backend_precision(b.name) if pct is not None else None))
     if ref_p50:
         rows = [Run(**{**r.__dict__, "speedup": ref_p50 / r.p50_ms}) for r in rows]
     say(f"{label}: " + ", ".join(f"{r.backend} {r.p50_ms:.2f} ms" for r in rows))

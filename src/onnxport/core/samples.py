@@ -97,6 +97,8 @@ def _mask(shape: list[int], values: str, g: torch.Generator) -> torch.Tensor:
 def _edge_ints(t: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
     """Repeated tokens at the top of the range in the first row, alternating lo/hi in the last."""
     t = t.clone()
+    if t.dim() == 0:
+        return torch.full_like(t, hi)
     t[0] = hi
     if t.shape[0] > 1:
         flat = t[-1].reshape(-1)

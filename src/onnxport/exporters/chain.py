@@ -241,10 +241,21 @@ def _dynamo_worth_resizing(attempts: list[Attempt]) -> bool:
     if first.ok:
         return first.unproven is not None or (first.frozen or "").startswith(_DIM_FREEZES)
     detail = first.detail or ""
-    return (bool(first.guards) or bool(_SHAPE_FAILURE.search(detail))) and not DATA_DEPENDENT.search(detail)
+    return bool(_SHAPE_FAILURE.search(detail)) and not DATA_DEPENDENT.search(detail)
 
 
 RESIZED_NOTE = "exported at other example sizes"
+_RUN_NODE = re.compile(r"running (\w+) node")
+
+
+def _opsets_to_try(broken: str, opset: int) -> list[int]:
+    """The lower opsets worth another export when onnxruntime cannot run the opset-``opset`` one (newest first):
+    every one when it cannot load the file (a missing kernel); when one node fails at run time, only those where
+    that node's operator has another version (a shape error is the same at every opset)."""
+    node = _RUN_NODE.search(broken)
+    if "cannot run" not in broken or node is None:
+        return list(range(opset - 1, MIN_OPSET - 1, -1))
+    return candidate_opsets(opset, [node.group(1)])
 _SHAPE_FAILURE = re.compile(r"Constraints violated|specializ", re.I)
 
 
@@ -298,7 +309,10 @@ def _export_one(name: str, loaded: LoadedModel, target: Path, opset: int, extern
     if broken := _ort_cannot_run(target, loaded, opset):
         if _custom_domain(target):
             return attempt, diags, failed, tries  # no opset changes a custom operator: parity says why
-        lower, skipped = _lower_opsets(name, loaded, target, range(opset - 1, MIN_OPSET - 1, -1), external,
+        versions = _opsets_to_try(broken, opset)
+        if not versions:
+            return attempt, diags, failed, tries  # no other opset changes the failing operator: parity says why
+        lower, skipped = _lower_opsets(name, loaded, target, versions, external,
                                        lines, before + [attempt], lambda p, v: _ort_cannot_run(p, loaded, v),
                                        f"onnxruntime could not run the opset-{opset} export")
         if lower is None:  # else the newest opset onnxruntime runs; parity says why none does

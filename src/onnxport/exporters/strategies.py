@@ -43,7 +43,10 @@ BASE_EXPORTER = {"dynamo": "dynamo", "torchscript": "torchscript", "cond": "dyna
 def _dim_objects(loaded: LoadedModel) -> tuple:
     dims = {}
     for sym, d in loaded.dims.items():
-        if d.min != d.max:
+        step = _step(d)
+        if step > 1:  # the sizes are the multiples of a step: a derived dim, so torch.export needs no second trace
+            dims[sym] = step * torch.export.Dim(f"_{sym}", min=d.min // step, max=d.max // step)
+        elif d.min != d.max:
             dims[sym] = torch.export.Dim(sym, min=d.min, max=d.max)
     shapes = []
     for spec in loaded.inputs:
@@ -82,6 +85,15 @@ def _export_dynamo_resized(loaded: LoadedModel, path: Path, opset: int, external
     if sizes is None:
         raise NotApplicable("no other example sizes in the declared ranges")
     return _export_dynamo(loaded, path, opset, external, lines, sizes=sizes)
+
+
+def _step(d: Dim) -> int:
+    """The step of a dim whose sizes are every multiple of it from min to max (1 otherwise)."""
+    if not d.sizes or len(d.sizes) < 2:
+        return 1
+    step = d.sizes[1] - d.sizes[0]
+    ok = step > 1 and d.min % step == 0 and d.sizes == tuple(range(d.min, d.max + 1, step))
+    return step if ok else 1
 
 
 def _export_dynamo(loaded: LoadedModel, path: Path, opset: int, external: bool, lines=(),

@@ -31,6 +31,7 @@ from onnxport.optimize.context import (
 from onnxport.optimize.fusion import build_fused, transformer_params
 from onnxport.optimize.gpu import build_cuda_graph, build_tensorrt, build_tf32
 from onnxport.optimize.graph import build_ort, build_slim, file_facts, relative, short_error
+from onnxport.optimize.openvino import build_openvino, build_openvino_bf16, build_openvino_int8
 from onnxport.optimize.passes import Budget, build_into, clearly_faster, each_variant, install_best
 from onnxport.optimize.plan import Plan, default_plan
 from onnxport.optimize.precision import build_fp16
@@ -52,6 +53,7 @@ from onnxport.runtime.sessions import CPU, TENSORRT
 from onnxport.runtime.variant_sessions import (
     SessionBackend,
     base_options,
+    is_openvino,
     needs_fixed_shapes,
     open_for,
     providers_for,
@@ -87,8 +89,9 @@ def select_best(entries: Sequence[Variant | Mapping[str, Any]]) -> Variant | Map
 
 
 def _backend(name: str, path: Path, options: Mapping | None, threads: int, out_dir: Path | None, device: str):
-    """The timing backend of one file run with its variant's session ``options`` (IO binding on a GPU)."""
-    if options and (needs_fixed_shapes(options) or options.get("provider") == TENSORRT):
+    """The timing backend of one file run with its variant's session ``options`` (IO binding on a GPU; OpenVINO
+    through its session adapter)."""
+    if options and (needs_fixed_shapes(options) or options.get("provider") == TENSORRT or is_openvino(options)):
         return SessionBackend(path, open_for(options, out_dir, threads=threads), name)
     providers = providers_for(options, out_dir) if options and options.get("provider", CPU) != CPU else None
     return OrtBackend(path, threads=threads, name=name, providers=providers, io_binding=device == "cuda")
@@ -237,7 +240,8 @@ def _build_cuda_graph(src: Path, dst: Path, ctx: BuildContext) -> BuildOutcome:
 BUILDERS: dict[str, Builder] = {
     "slim": build_slim, "ort": build_ort, "fused": build_fused, "fp16": build_fp16,
     "int8": functools.partial(build_int8_searched, "int8"), "fused+int8": _build_fused_int8, "tf32": build_tf32,
-    "tensorrt": build_tensorrt, "cuda-graph": _build_cuda_graph,
+    "tensorrt": build_tensorrt, "cuda-graph": _build_cuda_graph, "openvino": build_openvino,
+    "openvino-bf16": build_openvino_bf16, "openvino-int8": build_openvino_int8,
 }
 for _name, _builder in BUILDERS.items():
     register(MODEL, _name, _builder)

@@ -14,6 +14,13 @@ batch 1; speedups over PyTorch eager):
   static ``int8`` fails the top-1 check on generated inputs (0.82) without calibration images.
 * fp16 on a CPU without native fp16 arithmetic runs through casts: slower than fp32.
 
+Measured on a 2-core AMD EPYC with AVX-512 VNNI and AVX-512 BF16 (benchmarks/cpu_race.py, p50 ms, batch 1):
+OpenVINO's default on the export (bf16 on this CPU) ties or beats the best ONNX Runtime variant on MiniLM and the
+TextClassifier at 1×128 (TextClassifier 5.20 vs 6.09 ms) and runs resnet18 2× faster at bf16. So on a CPU with
+OpenVINO installed ``openvino`` (f32) is built, ``openvino-bf16`` where the CPU has AVX-512 BF16 or AMX-BF16 (else
+it runs bf16 through conversions), and ``openvino-int8`` (NNCF) beside ``int8`` where the model has MatMul/Conv
+weights and NNCF is installed; each is re-proven and timed like every variant.
+
 Measured on an H100 (onnxruntime-gpu 1.31.1, TF32 off, IO binding, median ms; benchmarks/gpu.py):
 
 * MiniLM-shaped BERT 1×128: export fp32 1.17, fp16 1.52, fp16 + CUDA graph 0.37 (torch.compile
@@ -29,9 +36,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from onnxport.optimize import openvino as ov_variants
 from onnxport.optimize.fusion import transformer_params
 from onnxport.optimize.gpu import tensorrt_missing
-from onnxport.optimize.result import ALL_VARIANTS, VARIANTS, SkipReason
+from onnxport.optimize.result import ALL_VARIANTS, OPENVINO_VARIANTS, VARIANTS, SkipReason
 from onnxport.sources.base import LoadedModel
 
 FP16_FLAGS = ("avx512_fp16", "amx_fp16")  # CPU features with native fp16 arithmetic
@@ -76,6 +84,7 @@ def default_plan(loaded: LoadedModel, device: str = "cpu", cpu_flags: Sequence[s
                                            "slower than fp16")
         if kind not in ("hf-transformer",):
             why["fused"] = "not built by default: no Hugging Face attention to fuse"
+        why.update(dict.fromkeys(OPENVINO_VARIANTS, f"not built: {ov_variants.ON_THE_CPU}"))
         no_trt = tensorrt_missing(providers, tensorrt_loadable)
         if no_trt:
             why["tensorrt"] = f"not built: {no_trt}"
@@ -97,11 +106,31 @@ def default_plan(loaded: LoadedModel, device: str = "cpu", cpu_flags: Sequence[s
         why["fused"] = why["fused+int8"] = "not built by default: no attention to fuse"
     else:
         why["fused"] = why["fused+int8"] = "not built by default: no attention to fuse"
-    return _plan(why)
+    cannot = _openvino_plan(why, kind, cpu_flags, calibrated)
+    return _plan(why, VARIANTS + OPENVINO_VARIANTS, cannot)
+
+
+def _openvino_plan(why: dict[str, str], kind: str, cpu_flags: Sequence[str], calibrated: bool) -> frozenset[str]:
+    """Add to ``why`` the OpenVINO variants that cannot be built or cannot win here; returns those this machine
+    cannot build (OpenVINO, NNCF or native bf16 missing)."""
+    cannot = set()
+    for name in OPENVINO_VARIANTS:
+        found = ov_variants.why_not_here(name, cpu_flags)
+        if found:
+            why[name] = f"not built: {found[0]}"
+            cannot.add(name)
+    if "openvino-int8" not in why and kind == "cnn" and not calibrated:
+        why["openvino-int8"] = ("not built by default: int8 of a CNN needs calibration images (--samples); "
+                                "generated inputs are no images")
+    return frozenset(cannot)
 
 
 def _plan(why: dict[str, str], names: tuple[str, ...] = VARIANTS, cannot: frozenset[str] = frozenset()) -> Plan:
     """The ``names`` (the GPU variants only on a GPU) not ruled out by ``why`` (``cannot``: those this machine
     cannot build)."""
-    hint = " (--variants all builds it)"
-    return Plan(tuple(n for n in names if n not in why), {n: w + hint for n, w in why.items()}, cannot)
+    def hint(n: str) -> str:
+        if n not in OPENVINO_VARIANTS:
+            return " (--variants all builds it)"
+        return "" if n in cannot else f" (--variants {n} builds it)"
+
+    return Plan(tuple(n for n in names if n not in why), {n: w + hint(n) for n, w in why.items()}, cannot)

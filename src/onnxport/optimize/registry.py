@@ -27,8 +27,10 @@ BASELINE = "export"  # the proven export itself: every kind's baseline
 AUTO = "auto"  # the variants that can win for the model on the device (optimize/plan.py for MODEL)
 
 VARIANTS = ("slim", "ort", "fused", "fp16", "int8", "fused+int8")
+# the CPU on OpenVINO (optional extra; optimize/openvino.py): built when named or planned ("auto"), not by "all"
+OPENVINO_VARIANTS = ("openvino", "openvino-bf16", "openvino-int8")
 GPU_VARIANTS = ("tf32", "tensorrt", "cuda-graph")  # --device cuda only: a file run with other provider options
-ALL_VARIANTS = VARIANTS + GPU_VARIANTS
+ALL_VARIANTS = VARIANTS + OPENVINO_VARIANTS + GPU_VARIANTS
 DECODER_VARIANTS = ("fused", "int8", "int4")
 
 Builder = Callable[..., Any]  # (src, dst, ctx) -> BuildOutcome; the ctx type is the kind's
@@ -88,7 +90,7 @@ def judge(kind_name: str) -> Judge:
 
 def parse_names(names: Sequence[str] | str | None, kind_name: str = MODEL) -> list[str] | str:
     """The variant names of ``kind_name`` asked for (a list or a comma-separated string; None or "all": the
-    kind's defaults — for :data:`MODEL` every one of :data:`VARIANTS`, the GPU ones only when named),
+    kind's defaults — for :data:`MODEL` every one of :data:`VARIANTS`, the OpenVINO and GPU ones only when named),
     deduplicated in order; "auto": :data:`AUTO`, the kind's plan decides.
 
     Raises UsageError for a name the kind does not declare.

@@ -13,9 +13,17 @@ from typing import Any
 
 from onnxport.core.records import BatchInvariance, Divergence, Tolerance, finite
 from onnxport.optimize.gates import COSINE_MIN, TOP1_MIN
-from onnxport.optimize.registry import ALL_VARIANTS, AUTO, BASELINE, GPU_VARIANTS, VARIANTS, parse_names
+from onnxport.optimize.registry import (
+    ALL_VARIANTS,
+    AUTO,
+    BASELINE,
+    GPU_VARIANTS,
+    OPENVINO_VARIANTS,
+    VARIANTS,
+    parse_names,
+)
 
-__all__ = ["ALL_VARIANTS", "AUTO", "BASELINE", "COSINE_MIN", "GPU_VARIANTS", "ORT_LEVEL", "TOP1_MIN", "VARIANTS",
+__all__ = ["ALL_VARIANTS", "AUTO", "BASELINE", "COSINE_MIN", "GPU_VARIANTS", "OPENVINO_VARIANTS", "ORT_LEVEL", "TOP1_MIN", "VARIANTS",
            "Metric", "OptimizeResult", "Proof", "SampleJudgement", "SessionOptions", "SkipReason", "Variant",
            "parse_names"]
 
@@ -129,6 +137,12 @@ class Variant:
         """A variant not built, with why in words and as a :class:`SkipReason`."""
         return cls(name, None, False, reason=why, skipped=why, skip_reason=reason, build_seconds=build_seconds)
 
+    @property
+    def backend(self) -> str:
+        """The runtime the file runs on: "openvino" when its session options say so, else "onnxruntime"."""
+        provider = (self.session_options or {}).get("provider")
+        return "openvino" if provider == "openvino" else "onnxruntime"
+
     def _divergence(self) -> dict | None:
         if self.divergence is not None:
             return self.divergence.to_dict()
@@ -136,7 +150,7 @@ class Variant:
 
     def to_dict(self) -> dict:
         """The report.json ``variants[]`` entry."""
-        return {"name": self.name, "path": self.path, "nodes": self.nodes, "bytes": self.bytes,
+        return {"name": self.name, "path": self.path, "backend": self.backend, "nodes": self.nodes, "bytes": self.bytes,
                 "passed": self.passed, "reason": self.reason, "skipped": self.skipped,
                 "skip_reason": None if self.skip_reason is None else self.skip_reason.value,
                 "max_abs_err": self.max_abs_err, "metric": None if self.metric is None else self.metric.to_dict(),

@@ -92,6 +92,7 @@ class Outcome:
     log: str | None = None  # the file beside report.json holding what the libraries printed (the CLI writes it)
     custom_functions: tuple[Any, ...] = ()  # autograd.Functions with symbolic() the export found (CustomFunction)
     decoder: Section | None = None  # a causal LM with its KV cache (decoder.DecoderOutcome): layout, tries, cases...
+    seq2seq: Section | None = None  # an encoder-decoder with its cache (seq2seq.Seq2SeqOutcome): three files
 
     def but(self, **changes: Any) -> Outcome:
         """A copy with ``changes`` (the next checkpoint)."""
@@ -170,6 +171,8 @@ def build_report(o: Outcome) -> dict:
                                                  "session_options": dict(best.session_options or {})}
     if o.decoder is not None:
         rep["decoder"] = o.decoder.to_dict()
+    if o.seq2seq is not None:
+        rep["seq2seq"] = o.seq2seq.to_dict()
     if o.log:
         rep["log"] = o.log
     rep["summary"] = summary_sentence(rep)

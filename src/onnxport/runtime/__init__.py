@@ -2,6 +2,7 @@
 custom-op implementations, the Backend protocol and feeds."""
 
 from onnxport.runtime.libraries import LibraryStatus, cudnn_loadable, gpu_libraries, tensorrt_loadable
+from onnxport.runtime.openvino import OPENVINO, OpenVinoSession, bf16_missing, openvino_missing
 from onnxport.runtime.sessions import (
     CPU,
     CUDA,
@@ -33,6 +34,7 @@ from onnxport.runtime.variant_sessions import (
     base_options,
     gpu_options_for,
     graph_blocker,
+    is_openvino,
     memcpy_nodes,
     needs_fixed_shapes,
     open_for,
@@ -45,6 +47,7 @@ __all__ = [
     "Placement", "available_providers", "check_device", "loaded_on_device", "parse_placement", "placement",
     "placement_from", "provider_chain", "provider_names", "runtime_providers", "session", "strict_fp32",
     "unloadable_providers", "LibraryStatus", "cudnn_loadable", "gpu_libraries", "tensorrt_loadable",
-    "GraphSessions", "SessionBackend", "SessionOptions", "base_options", "gpu_options_for", "graph_blocker",
+    "GraphSessions", "SessionBackend", "SessionOptions", "base_options", "gpu_options_for", "graph_blocker", "is_openvino",
     "memcpy_nodes", "needs_fixed_shapes", "open_for", "providers_for", "without_cuda_graph",
+    "OPENVINO", "OpenVinoSession", "bf16_missing", "openvino_missing",
 ]

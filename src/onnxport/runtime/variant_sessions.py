@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from onnxport.core.errors import UsageError
+from onnxport.runtime.openvino import OPENVINO, OpenVinoSession
 from onnxport.runtime.placement import Placement
 from onnxport.runtime.sessions import CPU, CUDA, TENSORRT, GpuOptions, session
 
@@ -63,6 +64,8 @@ class SessionOptions:
     trt_profile_min_shapes: str | None = None  # TensorRT's optimization profile ("x:1x8,...")
     trt_profile_opt_shapes: str | None = None
     trt_profile_max_shapes: str | None = None
+    inference_precision: str | None = None  # provider "openvino": the precision it compiles at ("f32", "bf16")
+    performance_hint: str | None = None  # provider "openvino": its PERFORMANCE_HINT ("LATENCY")
     extra: tuple[tuple[str, Any], ...] = ()  # keys this version does not know, kept as they were read
 
     @classmethod
@@ -94,6 +97,11 @@ def _record(options: Mapping | SessionOptions | None) -> SessionOptions:
 def base_options(device: str) -> dict:
     """The options of a variant run with the device's defaults (:meth:`SessionOptions.base`) as a dict."""
     return SessionOptions.base(device).to_dict()
+
+
+def is_openvino(options: Mapping | SessionOptions | None) -> bool:
+    """Whether the options run the file on OpenVINO rather than ONNX Runtime (:mod:`onnxport.runtime.openvino`)."""
+    return bool(options) and _record(options).provider == OPENVINO
 
 
 def needs_fixed_shapes(options: Mapping | SessionOptions | None) -> bool:
@@ -267,11 +275,14 @@ def _no_graph(providers: list) -> list:
 def open_for(options: Mapping | SessionOptions | None, out_dir: str | Path | None = None, device_id: int = 0,
              threads: int | None = None) -> Callable[[Path], Any]:
     """How to open a session on a variant's file as it was proven: the providers of :func:`providers_for`, a
-    :class:`GraphSessions` under a CUDA graph; TensorRT that does not load is an error, not a CUDA fallback."""
+    :class:`GraphSessions` under a CUDA graph, an :class:`~onnxport.runtime.openvino.OpenVinoSession` at its
+    inference precision on OpenVINO; TensorRT that does not load is an error, not a CUDA fallback."""
     rec = _record(options)
     chain = providers_for(rec, out_dir, device_id)
 
     def opener(path: Path):
+        if rec.provider == OPENVINO:
+            return OpenVinoSession(path, rec.inference_precision or "f32", threads, rec.performance_hint or "LATENCY")
         if rec.enable_cuda_graph:
             device = "cuda" if rec.provider in (CUDA, TENSORRT) else "cpu"
             return GraphSessions(path, chain, device=device, device_id=device_id,

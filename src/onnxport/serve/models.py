@@ -147,6 +147,7 @@ def session_options_from_tuned(tuned: Any) -> dict:
 
 def _from_output_folder(out: Path) -> ModelSource:
     onnx_path = out / "best.onnx" if (out / "best.onnx").is_file() else out / "model.onnx"
+    onnx_path = _seq2seq_file(out) or onnx_path
     name, options, layout, proven, constrained = out.resolve().name, {}, None, None, None  # named after the folder: `serve out/minilm` is "minilm"
     report_path = out / "report.json"
     if report_path.is_file():
@@ -157,7 +158,7 @@ def _from_output_folder(out: Path) -> ModelSource:
         bench = report.get("benchmark") if isinstance(report, dict) else None
         if isinstance(bench, dict):
             options = session_options_from_tuned(bench.get("tuned"))
-        decoder = report.get("decoder") if isinstance(report, dict) else None
+        decoder = report.get("decoder") or report.get("seq2seq") if isinstance(report, dict) else None
         layout = decoder.get("layout") if isinstance(decoder, dict) else None
         best = report.get("best") if isinstance(report, dict) else None
         proven = best.get("session_options") if isinstance(best, dict) and onnx_path.name == "best.onnx" else None
@@ -168,6 +169,15 @@ def _from_output_folder(out: Path) -> ModelSource:
                        decoder_layout=layout if isinstance(layout, dict) else None,
                        proven_options=proven if isinstance(proven, dict) and proven else None,
                        constrained_dims=constrained)
+
+
+def _seq2seq_file(out: Path) -> Path | None:
+    """An encoder-decoder's output folder (docs/seq2seq.md) is served by its decoder with past, the file every
+    generated token runs; the encoder and the first step are opened beside it by the generate extension."""
+    if (out / "model.onnx").is_file() or (out / "best.onnx").is_file():
+        return None
+    path = out / "decoder_with_past_model.onnx"  # proven (an unproven export keeps *.unverified.onnx names)
+    return path if path.is_file() else None
 
 
 def _constrained_dims(report: Any) -> dict | None:
@@ -224,7 +234,7 @@ def _from_repository_entry(entry: Path) -> ModelSource | None:
                              f"put the model at {entry}/1/{filename}")
         return None
     platform = _config_value(text, "platform") or _config_value(text, "backend")
-    if platform not in (None, "onnxruntime_onnx", "onnxruntime"):
+    if platform not in (None, "onnxruntime_onnx", "onnxruntime", "openvino"):
         raise UsageError(f"the repository model '{entry.name}' uses platform '{platform}'",
                          "onnxport serves ONNX models only (platform: \"onnxruntime_onnx\")")
     max_batch = _config_value(text, "max_batch_size")
@@ -235,10 +245,16 @@ def _from_repository_entry(entry: Path) -> ModelSource | None:
         if value and value.isdigit() and int(value) > 0:
             options[arg] = int(value)
     name = _config_value(text, "name") or entry.name
+    proven = None
+    if platform == "openvino":  # onnxport triton wrote it for a best proven on OpenVINO: served there too
+        proven = {"provider": "openvino", "inference_precision": _config_parameter(text, "INFERENCE_PRECISION_HINT")
+                  or "f32", "performance_hint": _config_parameter(text, "PERFORMANCE_HINT") or "LATENCY"}
+        threads = _config_parameter(text, "INFERENCE_NUM_THREADS")
+        options.update({"threads": int(threads)} if threads and threads.isdigit() else {})
     return ModelSource(name, str(versions[0]), entry / str(versions[0]) / filename,
                        max_batch=int(max_batch) if max_batch and max_batch.isdigit() else None,
                        max_delay_ms=int(delay) / 1000 if delay and delay.isdigit() else None,
-                       session_options=options)
+                       session_options=options, proven_options=proven)
 
 
 def discover(path: str | Path, name: str | None = None) -> list[ModelSource]:
@@ -262,7 +278,7 @@ def _discover(path: Path) -> list[ModelSource]:
         return [ModelSource(_model_name(path.stem), "1", path)]
     if not path.is_dir():
         raise UsageError(f"{path} does not exist", "pass an onnxport output folder, a .onnx file or a repository")
-    if (path / "best.onnx").is_file() or (path / "model.onnx").is_file():
+    if (path / "best.onnx").is_file() or (path / "model.onnx").is_file() or _seq2seq_file(path):
         return [_from_output_folder(path)]
     sources = [s for entry in sorted(path.iterdir()) if entry.is_dir() and (s := _from_repository_entry(entry))]
     if not sources:

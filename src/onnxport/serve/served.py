@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from onnxport.core.errors import UsageError
 from onnxport.core.options import RuntimeOptions
 from onnxport.runtime.sessions import runtime_providers, session
-from onnxport.runtime.variant_sessions import providers_for, without_cuda_graph
+from onnxport.runtime.variant_sessions import is_openvino, open_for, providers_for, without_cuda_graph
 from onnxport.serve.batcher import Batcher, BatchStats, InferenceError, Outputs
 from onnxport.serve.generate import (
     NOT_A_DECODER,
@@ -302,7 +302,10 @@ def load(source: ModelSource, max_batch: int | None, max_delay_ms: float | None,
         raise UsageError(f"model '{source.name}': {source.onnx_path} does not exist", "check the path")
     sig = signature(source.onnx_path)
     chain = runtime_providers(runtime) if runtime.device != "cpu" else None
-    sess = session(source.onnx_path, **device_options(source, runtime.device, chain))
+    if is_openvino(source.proven_options):  # best.onnx was proven on OpenVINO: served there, at its precision
+        sess = open_for(source.proven_options, threads=source.session_options.get("threads"))(source.onnx_path)
+    else:
+        sess = session(source.onnx_path, **device_options(source, runtime.device, chain))
     batch_limit = max_batch if max_batch is not None else (source.max_batch if source.max_batch is not None
                                                            else DEFAULT_MAX_BATCH)
     if source.batching_off:

@@ -71,6 +71,17 @@ def gpu_accelerators(variant_options: dict | None) -> list[dict]:
     return accel
 
 
+def openvino_parameters(variant_options: dict, threads: int | None = None) -> dict:
+    """Triton OpenVINO backend parameters reproducing an OpenVINO variant's session options (report
+    ``best.session_options``): its inference precision (OpenVINO's own default on a bf16 CPU is bf16, so it is
+    always written), its performance hint and, when tuned, its thread count (OpenVINO property names)."""
+    params = {"INFERENCE_PRECISION_HINT": variant_options.get("inference_precision") or "f32",
+              "PERFORMANCE_HINT": variant_options.get("performance_hint") or "LATENCY"}
+    if threads:
+        params["INFERENCE_NUM_THREADS"] = int(threads)
+    return params
+
+
 def model_config(sig: Signature, name: str, *, max_batch: int = DEFAULT_MAX_BATCH,
                  max_delay_us: int = int(DEFAULT_MAX_DELAY_MS * 1000), instance_count: int = 1,
                  gpu: bool = False, session_options: dict | None = None,
@@ -84,12 +95,16 @@ def model_config(sig: Signature, name: str, *, max_batch: int = DEFAULT_MAX_BATC
     """
     batch = max_batch if (sig.batchable and max_batch > 0) else 0
     options = session_options or {}
+    openvino = not gpu and (variant_options or {}).get("provider") == "openvino"
     config: dict = {
         "name": name, "platform": "onnxruntime_onnx", "backend": "onnxruntime", "max_batch_size": batch,
         "version_policy": {"latest": {"num_versions": 1}},
         "input": [_tensor(t, batch > 0) for t in sig.inputs],
         "output": [_tensor(t, batch > 0) for t in sig.outputs],
     }
+    if openvino:  # Triton's OpenVINO backend reads model.onnx itself
+        del config["platform"]
+        config.update(backend="openvino", default_model_filename="model.onnx")
     graph = gpu and _on((variant_options or {}).get("enable_cuda_graph"))
     if batch > 1 and not graph:
         preferred = [b for b in (2, 4, 8, 16, 32, 64, 128, 256) if b <= batch][-2:]
@@ -97,7 +112,9 @@ def model_config(sig: Signature, name: str, *, max_batch: int = DEFAULT_MAX_BATC
     config["instance_group"] = [{"count": instance_count, "kind": _Enum("KIND_GPU" if gpu else "KIND_CPU")}]
     params = {"intra_op_thread_count": options.get("threads") or 0,
               "inter_op_thread_count": options.get("inter_op_threads") or 0}
-    if options.get("execution_mode"):
+    if openvino:
+        params = openvino_parameters(variant_options or {}, options.get("threads"))
+    elif options.get("execution_mode"):
         params["execution_mode"] = 1 if options["execution_mode"] == "parallel" else 0
     config["parameters"] = {k: {"string_value": str(v)} for k, v in params.items()}
     if gpu:
@@ -149,15 +166,21 @@ def _pbtxt(data: dict, indent: int = 0) -> list[str]:
 def config_pbtxt(config: dict) -> str:
     """Render a :func:`model_config` dict as Triton's config.pbtxt (protobuf text format), with comments."""
     body = dict(config)
-    body.pop("backend", None)  # platform says it; Triton rejects a platform/backend mismatch, not redundancy
+    if "platform" in body:
+        body.pop("backend", None)  # platform says it; Triton rejects a platform/backend mismatch, not redundancy
     text = _pbtxt(body)
     notes = ["# Triton Inference Server model configuration written by onnxport.",
              "# Dims are per request row when max_batch_size > 0; -1 marks a dynamic dim."]
+    if body.get("backend") == "openvino":
+        notes += ["# best.onnx was proven and timed on OpenVINO (report best.session_options): Triton's OpenVINO",
+                  "# backend runs it at the same inference precision. For the onnxruntime backend instead, replace",
+                  '# backend and default_model_filename with platform: "onnxruntime_onnx" and drop the parameters',
+                  "# (ONNX Runtime runs the same file, but onnxport proved and timed this variant on OpenVINO)."]
     if any("enable_cuda_graph" in line for line in text):
         notes += ["# enable_cuda_graph: ONNX Runtime captures one CUDA graph per session at the first input shapes",
                   "# it runs and replays it: send requests of those shapes only (dynamic batching is off), or",
                   "# remove the parameter for dynamic shapes."]
-    if not any("KIND_GPU" in line for line in text):
+    if not any("KIND_GPU" in line for line in text) and body.get("backend") != "openvino":
         text += ["", "# On a GPU, replace instance_group above with:",
                  "# instance_group { count: 1 kind: KIND_GPU }",
                  "# and optionally let TensorRT run the model (onnxport triton --gpu writes this):",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import keyword
+import re
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -177,22 +178,22 @@ def make_flat(model: nn.Module, specs: tuple[InputSpec, ...]) -> nn.Module:
 
 
 def output_names(flat: nn.Module, example: tuple[torch.Tensor, ...]) -> tuple[str, ...]:
-    """Stable names for the flattened outputs: dict keys / attribute names / indices joined by '_'."""
+    """Stable names for the flattened outputs of ``flat`` run on ``example`` (see :func:`names_of`)."""
     with torch.inference_mode():
         out = flat.raw(*example)
+    return names_of(out)
+
+
+def names_of(out: Any) -> tuple[str, ...]:
+    """Stable names for the tensors of a model's output, in the order :meth:`_FlatBase.call` returns them: dict
+    keys / attribute names / indices joined by '_' (``output`` alone for a single tensor)."""
     if isinstance(out, torch.Tensor):
         return ("output",)
-    pairs, _ = torch.utils._pytree.tree_flatten_with_path(out)
     names: list[str] = []
-    for path, leaf in pairs:
+    for path, leaf in tensor_paths(out):
         if not isinstance(leaf, torch.Tensor):
             continue
-        parts = []
-        for k in path:
-            for attr in ("key", "idx", "name"):
-                if hasattr(k, attr):
-                    parts.append(str(getattr(k, attr)))
-                    break
+        parts = list(path)
         if not parts or parts[0].isdigit():
             parts.insert(0, "output")
         name = "_".join(parts)
@@ -202,6 +203,39 @@ def output_names(flat: nn.Module, example: tuple[torch.Tensor, ...]) -> tuple[st
     if not names:
         raise SourceError("the model returned no tensors", "forward() must return a tensor or a structure of tensors")
     return tuple(names)
+
+
+def tensor_paths(tree: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    """The leaves of a pytree with their key paths as text, in ``tree_leaves`` order.
+
+    Unlike ``tree_flatten_with_path``, a node registered without a ``flatten_with_keys_fn`` (diffusers'
+    ``BaseOutput``, any ``register_pytree_node`` call that gave none) is no error: its children are named by
+    its context when that is one name per child (a dict-like node's keys), else by their index."""
+    pytree = torch.utils._pytree
+    node = pytree.SUPPORTED_NODES.get(pytree._get_node_type(tree))
+    if node is None or isinstance(tree, torch.Tensor):
+        return [(path, tree)]
+    out: list[tuple[tuple[str, ...], Any]] = []
+    if node.flatten_with_keys_fn is not None:
+        pairs, _ = node.flatten_with_keys_fn(tree)
+        for key, child in pairs:
+            out += tensor_paths(child, (*path, _key_text(key)))
+        return out
+    children, context = node.flatten_fn(tree)
+    keys: list[Any] = list(range(len(children)))
+    if isinstance(context, (list, tuple)) and len(context) == len(children) and \
+            all(isinstance(k, (str, int)) for k in context):
+        keys = list(context)
+    for key, child in zip(keys, children):
+        out += tensor_paths(child, (*path, str(key)))
+    return out
+
+
+def _key_text(key: Any) -> str:
+    for attr in ("key", "idx", "name"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -257,6 +291,8 @@ def to_eval(model: nn.Module, name: str, built_here: bool = False) -> tuple[Diag
 def load_weights(model: nn.Module, path: str | Path) -> None:
     """Load a state_dict (.pt/.pth via torch.load(weights_only=True), or .safetensors) into ``model``."""
     p = Path(path)
+    if p.is_dir():
+        raise SourceError(f"--weights {p} is a folder", "give the weights file itself (.pt, .pth or .safetensors)")
     if not p.is_file():
         raise SourceError(f"weights file not found: {p}", "check the --weights path")
     try:
@@ -267,10 +303,9 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
         else:
             state = torch.load(str(p), map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
-        raise SourceError(
-            f"cannot read weights from {p}: {str(e).splitlines()[0][:200]}",
-            "--weights takes a state_dict saved with torch.save(model.state_dict(), ...) or a .safetensors file",
-        ) from None
+        raise SourceError(f"cannot read weights from {p}: {_weights_reason(e)}",
+                          "--weights takes a state_dict saved with torch.save(model.state_dict(), ...) or a "
+                          ".safetensors file; onnxport reads it safely (torch.load with weights_only=True)") from None
     if isinstance(state, dict):
         for key in ("state_dict", "model_state_dict", "model"):
             if key in state and isinstance(state[key], dict):
@@ -284,6 +319,22 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
     except RuntimeError as e:
         raise SourceError(f"the weights in {p.name} do not fit the model: {one_line(e, 300)}",
                           "check --model-args: they must build the architecture the weights were saved from") from None
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _weights_reason(e: Exception) -> str:
+    """Why a weights file could not be read, in our words: torch's and numpy's advice to load the file unsafely
+    (which onnxport never does) is left out, and so are terminal colour codes."""
+    text = _ANSI.sub("", str(e))
+    if "Weights only load failed" in text or "weights_only" in text:
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+        what = f" (it holds a {found.group(1)})" if found else ""
+        return f"the file holds Python objects, not only tensors{what}"
+    if "pickle" in text.lower() and "allow_pickle" in text:
+        return "the file holds pickled Python objects"
+    return one_line(text.splitlines()[0] if text.strip() else type(e).__name__, 200)
 
 
 def integer_range(model: nn.Module, spec: InputSpec) -> tuple[int, int]:

@@ -4,6 +4,7 @@ sizes, the LoadedModel built."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -18,7 +19,7 @@ from onnxport.sources.base import (
     count_parameters,
     integer_range,
     make_flat,
-    output_names,
+    names_of,
     to_eval,
 )
 
@@ -48,9 +49,8 @@ def finish(source: str, name: str, kind: str, model: nn.Module, specs: list[Inpu
     flat = make_flat(model, spec_t)
     example = make_inputs(spec_t, export_sizes(resolved), seed=0)
     try:
-        outs = output_names(flat, example)
-    except SourceError:
-        raise
+        with torch.inference_mode():
+            out = flat.raw(*example)
     except Exception as e:  # noqa: BLE001 - a model that cannot run on its own inputs
         first = one_line(e, 300)
         if isinstance(e, IndexError) and "index out of range" in first:
@@ -60,6 +60,8 @@ def finish(source: str, name: str, kind: str, model: nn.Module, specs: list[Inpu
             f"the model fails on the example inputs ({', '.join(str(s) for s in spec_t)}): {type(e).__name__}: {first}",
             "check --input names, dtypes and fixed sizes against forward(), and --dim ranges",
         ) from None
+    outs = names_of(out)  # the model ran: what follows is about its output, never a reason to probe its sizes
+    del out
     _preflight(flat, spec_t, resolved)
     return LoadedModel(
         source=source, name=name, kind=kind, model=model, flat=flat, inputs=spec_t, dims=resolved,
@@ -84,13 +86,14 @@ def _preflight(flat: nn.Module, specs: tuple[InputSpec, ...], dims: dict[str, Di
     """Vary each dynamic dim once at a small size: a dim the model cannot vary is a usage error."""
     base = export_sizes(dims)
     for sym, d in dims.items():
-        alt = next((n for n in (d.min, base[sym] + 1, d.max) if n != base[sym] and d.allows(n)), None)
-        if alt is None:
-            continue
-        sizes = dict(base, **{sym: alt})
+        odd = base[sym] + 1 if d.allows(base[sym] + 1) else base[sym] - 1
+        alts = [n for n in dict.fromkeys((d.min, odd)) if n != base[sym] and d.allows(n)]
+        if not alts:
+            alts = [n for n in (d.max,) if n != base[sym] and d.allows(n)]
         try:
-            with torch.inference_mode():
-                flat(*make_inputs(specs, sizes, seed=0))
+            for alt in alts:  # the smallest size and an odd one: a rule on the size shows at one of them
+                with torch.inference_mode():
+                    flat(*make_inputs(specs, dict(base, **{sym: alt}), seed=0))
         except Exception as e:  # noqa: BLE001
             _raise_if_constrained(flat, specs, dims, [sym])
             first = one_line(e, 200, typed=True)
@@ -126,17 +129,48 @@ def _runs(flat: nn.Module, specs: tuple[InputSpec, ...], sizes: dict[str, int]) 
         return False
 
 
-def _pattern(runs: tuple[int, ...], fails: tuple[int, ...]) -> str:
-    """A name for the sizes that run, when one fits every probe."""
+def rule_of(runs: tuple[int, ...], fails: tuple[int, ...]) -> tuple[str, Callable[[int], bool]] | None:
+    """The rule the sizes that run follow (its name and test), when one fits every probe: multiples of k,
+    perfect squares, powers of two."""
     tried = sorted(runs + fails)
     for name, test in (("perfect squares", lambda n: math.isqrt(n) ** 2 == n),
                        ("powers of two", lambda n: n & (n - 1) == 0)):
         if all(test(n) == (n in runs) for n in tried):
-            return f" ({name})"
+            return name, test
     step = math.gcd(*runs)
     if step > 1 and all((n % step == 0) == (n in runs) for n in tried):
-        return f" (multiples of {step})"
-    return ""
+        return f"multiples of {step}", lambda n: n % step == 0
+    return None
+
+
+def working_sizes(d: Dim, runs: tuple[int, ...], fails: tuple[int, ...]) -> tuple[int, ...]:
+    """The sizes of ``d``'s range that follow the rule of ``runs`` (every one, not only those probed), else
+    the sizes that ran."""
+    rule = rule_of(runs, fails)
+    if rule is None:
+        return runs
+    return tuple(n for n in range(d.min, d.max + 1) if rule[1](n)) or runs
+
+
+def _pattern(runs: tuple[int, ...], fails: tuple[int, ...]) -> str:
+    """A name for the sizes that run, when one fits every probe."""
+    rule = rule_of(runs, fails)
+    return f" ({rule[0]})" if rule else ""
+
+
+def _round_base(flat: nn.Module, specs: tuple[InputSpec, ...], dims: dict[str, Dim],
+                base: dict[str, int]) -> dict[str, int] | None:
+    """Sizes near ``base`` that are multiples of 64, 32, …, 2 (each dim inside its range) at which the model
+    runs, when it fails at ``base`` itself (strided models take multiples of their stride only)."""
+    for k in (64, 32, 16, 8, 4, 2):
+        sizes = dict(base)
+        for sym, d in dims.items():
+            near = [m for m in (base[sym] // k * k, (base[sym] // k + 1) * k) if d.allows(m) and m >= 2]
+            if near:
+                sizes[sym] = min(near, key=lambda m: abs(m - base[sym]))
+        if sizes != base and _runs(flat, specs, sizes):
+            return sizes
+    return None
 
 
 def _raise_if_constrained(flat: nn.Module, specs: tuple[InputSpec, ...], dims: dict[str, Dim],
@@ -144,8 +178,11 @@ def _raise_if_constrained(flat: nn.Module, specs: tuple[InputSpec, ...], dims: d
     """Probe each suspect dim over its range (the others at a size that runs): when some sizes run and some
     fail, raise ConstrainedDims with both lists. Returns when no dim explains the failure."""
     base = export_sizes(dims)
+    if not _runs(flat, specs, base):  # the example itself fails: probe around sizes that run, if round ones do
+        base = _round_base(flat, specs, dims, base) or base
     probed: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
     for _ in range(2):  # a second pass once the first found sizes that run for the other dims
+        before = dict(base)
         for sym in suspects:
             d = dims[sym]
             if d.min == d.max or d.sizes:
@@ -157,8 +194,8 @@ def _raise_if_constrained(flat: nn.Module, specs: tuple[InputSpec, ...], dims: d
                 probed[sym] = (runs, fails)
                 if base[sym] not in runs:
                     base[sym] = min((n for n in runs if n >= 2), key=lambda n: abs(n - base[sym]), default=runs[0])
-        if probed and _runs(flat, specs, base):
-            break
+        if base == before or (probed and _runs(flat, specs, base)):
+            break  # nothing ran at another size (no second pass can differ), or the sizes found run together
     if not probed:
         return
     parts = []
@@ -168,8 +205,10 @@ def _raise_if_constrained(flat: nn.Module, specs: tuple[InputSpec, ...], dims: d
         parts.append(f"{sym}: runs at {shown}; fails at {bad}{_pattern(runs, fails)}")
     example = " ".join(f"-d {sym}={','.join(map(str, runs[:8]))}" for sym, (runs, _) in probed.items())
     raise ConstrainedDims(f"the PyTorch model runs at some sizes only: {'; '.join(parts)}",
-                          f"pass --working-sizes to prove at the sizes that run, or declare them, e.g. {example}",
-                          probed)
+                          f"leave out --strict-dims to prove at the sizes that run, or declare them, e.g. {example}",
+                          probed, {sym: rule[0] for sym, (runs, fails) in probed.items()
+                                   if (rule := rule_of(runs, fails))},
+                          {sym: working_sizes(dims[sym], runs, fails) for sym, (runs, fails) in probed.items()})
 
 
 def declared_or(inputs: list[InputSpec], default: list[InputSpec]) -> list[InputSpec]:

@@ -52,7 +52,70 @@ def load_python(source: str, inputs: list[InputSpec], dims: list[Dim], model_arg
     model = ensure_module(model, f"{left}:{attr}")
     if weights:
         load_weights(model, weights)
-    return finish(source, attr, "python", model, inputs, dims, built_here=inspect.isclass(target))
+    return finish(source, attr, "python", model, inputs, dims, spatial_defaults(model, inputs),
+                  built_here=inspect.isclass(target))
+
+
+# --------------------------------------------------------------------------- default sizes
+
+
+def spatial_defaults(model: nn.Module, specs: list[InputSpec]) -> dict[str, Dim]:
+    """Default ranges for the spatial dims of an image-like input ``[batch, C, h, w]`` of a model that says its
+    own sample size: a module (the model or one inside it) with a diffusers-style ``config`` holding
+    ``sample_size`` and ``in_channels`` (a UNet, a VAE), whose input with C channels is fed at that size.
+
+    The generic default of a dim named h/w is a photo's 32..512; a diffusion model's latents are far smaller
+    and its attention costs the square of h·w, so without these one forward pass at the generic sizes takes
+    minutes. Each dim gets ``size/2 .. 2·size`` around the model's own size, at the multiples of the factor its
+    down blocks divide by (the sizes a diffusion pipeline feeds it). Declared dims (--dim) still win."""
+    layouts = _sample_layouts(model)
+    out: dict[str, Dim] = {}
+    for spec in specs:
+        if len(spec.shape) != 4 or not isinstance(spec.shape[1], int) or spec.shape[1] not in layouts:
+            continue
+        sizes, factor = layouts[spec.shape[1]]
+        for sym, size in zip(spec.shape[2:], sizes):
+            if isinstance(sym, str) and sym not in out and size >= 2:
+                out[sym] = _around(sym, size, factor)
+    return out
+
+
+def _sample_layouts(model: nn.Module) -> dict[int, tuple[tuple[int, int], int]]:
+    """channels -> ((h, w), the factor h and w must be multiples of), from the first module per channel count
+    whose config has a sample size: its ``in_channels`` at ``sample_size``, and for an autoencoder its
+    ``latent_channels`` at the sample size divided by its downsampling."""
+    found: dict[int, tuple[tuple[int, int], int]] = {}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        size, channels = _field(config, "sample_size"), _field(config, "in_channels")
+        if isinstance(size, int):
+            size = (size, size)
+        if not (isinstance(size, (tuple, list)) and len(size) == 2 and all(isinstance(n, int) for n in size)
+                and isinstance(channels, int)):
+            continue
+        levels = _field(config, "block_out_channels")
+        factor = 2 ** (len(levels) - 1) if isinstance(levels, (tuple, list)) and levels else 1
+        found.setdefault(channels, ((size[0], size[1]), factor))
+        latent = _field(config, "latent_channels")
+        if isinstance(latent, int) and size[0] // factor >= 2 and size[1] // factor >= 2:
+            found.setdefault(latent, ((size[0] // factor, size[1] // factor), 1))
+    return found
+
+
+def _field(config: Any, name: str) -> Any:
+    if isinstance(config, dict):
+        return config.get(name)
+    return getattr(config, name, None)
+
+
+def _around(sym: str, size: int, factor: int) -> Dim:
+    """``size/2 .. 2·size`` at multiples of ``factor`` (every size when it is 1), exported at ``size``."""
+    factor = max(1, min(factor, size))
+    lo = max(factor, (size // 2) // factor * factor, 2)
+    hi = max(2 * size // factor * factor, lo)
+    if factor == 1:
+        return Dim(sym, lo, hi, size)
+    return Dim(sym, lo, hi, size, sizes=tuple(range(lo + (-lo) % factor, hi + 1, factor)))
 
 
 def _signature(fn: Any) -> str:

@@ -1,0 +1,95 @@
+"""The CPU variants that run on OpenVINO instead of ONNX Runtime (the optional ``openvino`` extra); each records
+the session options it must be run with (provider ``openvino`` and its ``inference_precision``; how they are
+run: :mod:`onnxport.runtime.openvino`, opened by :func:`onnxport.runtime.open_for`).
+
+* ``openvino``: the fp32 export compiled by OpenVINO at f32 inference precision; proven with the fp32
+  tolerance like the export (OpenVINO's own default on a bf16 CPU is bf16: the precision is always set);
+* ``openvino-bf16``: the same file compiled at bf16 inference precision (MatMul/Conv in bf16 with fp32
+  accumulation), only where the CPU has native bf16 (AVX-512 BF16 or AMX-BF16); bf16 keeps 8 bits of
+  mantissa, so it is judged by the task metric (cosine, top-1), like int8;
+* ``openvino-int8``: the export quantized by NNCF (post-training, calibrated on ``--samples`` when given, on
+  the generated cases otherwise) into a QDQ ONNX file that OpenVINO runs in int8 (VNNI/AMX); judged by the
+  task metric with int8's gates. Needs the optional ``nncf`` package.
+
+Each is skipped with :attr:`~onnxport.optimize.result.SkipReason.NOT_BUILT` where OpenVINO (or NNCF, or bf16)
+is missing here, and is not applicable on ``--device cuda``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from pathlib import Path
+
+from onnxport import environment
+from onnxport.optimize.context import BuildContext, BuildOutcome, Skip
+from onnxport.optimize.result import SkipReason
+from onnxport.runtime.openvino import LATENCY, OPENVINO, bf16_missing, openvino_missing, openvino_version
+from onnxport.runtime.variant_sessions import SessionOptions
+
+__all__ = ["OPENVINO_VARIANTS", "PRECISION_OF", "build_openvino", "build_openvino_bf16", "build_openvino_int8",
+           "nncf_missing", "openvino_options", "why_not_here"]
+
+OPENVINO_VARIANTS = ("openvino", "openvino-bf16", "openvino-int8")
+PRECISION_OF = {"openvino": "f32", "openvino-bf16": "bf16", "openvino-int8": "f32"}
+ON_THE_CPU = "runs on the CPU (OpenVINO's CPU plugin); not built with --device cuda"
+
+
+def nncf_missing() -> str | None:
+    """Why NNCF cannot quantize here (None: it can)."""
+    if importlib.util.find_spec("nncf") is None:
+        return "the optional package 'nncf' is not installed (pip install onnxport[openvino])"
+    return None
+
+
+def why_not_here(name: str, cpu_flags: Sequence[str] | None = None, device: str = "cpu") -> tuple[str, SkipReason] | None:
+    """(why, reason) variant ``name`` cannot be built on this machine, None when it can (``cpu_flags``: this
+    CPU's features, default read from /proc/cpuinfo)."""
+    if device != "cpu":
+        return ON_THE_CPU, SkipReason.NOT_APPLICABLE
+    why = openvino_missing()
+    if why is None and name == "openvino-bf16":
+        why = bf16_missing(environment.cpu()["flags"] if cpu_flags is None else cpu_flags)
+    if why is None and name == "openvino-int8":
+        why = nncf_missing()
+    return (why, SkipReason.NOT_BUILT) if why else None
+
+
+def openvino_options(precision: str) -> dict:
+    """The session options of a file run by OpenVINO at ``precision`` (report ``session_options``)."""
+    return SessionOptions(OPENVINO, inference_precision=precision, performance_hint=LATENCY).to_dict()
+
+
+def _check(name: str, ctx: BuildContext) -> None:
+    found = why_not_here(name, device=ctx.device)
+    if found:
+        raise Skip(found[0], reason=found[1])
+
+
+def _details(precision: str, file: str) -> dict:
+    return {"backend": OPENVINO, "openvino": openvino_version(), "file": file, "inference_precision": precision,
+            "performance_hint": LATENCY}
+
+
+def build_openvino(src: Path, dst: Path, ctx: BuildContext) -> BuildOutcome:
+    """``openvino``: the fp32 export compiled by OpenVINO at f32 (``dst`` is not written)."""
+    _check("openvino", ctx)
+    return BuildOutcome(_details("f32", "the fp32 export"), path=src, session_options=openvino_options("f32"),
+                        policy="openvino")
+
+
+def build_openvino_bf16(src: Path, dst: Path, ctx: BuildContext) -> BuildOutcome:
+    """``openvino-bf16``: the fp32 export compiled by OpenVINO at bf16 (``dst`` is not written)."""
+    _check("openvino-bf16", ctx)
+    return BuildOutcome(_details("bf16", "the fp32 export"), path=src, session_options=openvino_options("bf16"),
+                        policy="openvino-bf16")
+
+
+def build_openvino_int8(src: Path, dst: Path, ctx: BuildContext) -> BuildOutcome:
+    """``openvino-int8``: the export quantized by NNCF into ``dst`` (QDQ ONNX), run by OpenVINO."""
+    _check("openvino-int8", ctx)
+    from onnxport.optimize.nncf_int8 import quantize
+
+    details = quantize(src, dst, ctx)
+    return BuildOutcome({**_details("f32", "the NNCF int8 (QDQ) file"), **details},
+                        session_options=openvino_options("f32"), policy="openvino-int8")

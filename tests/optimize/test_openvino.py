@@ -1,0 +1,158 @@
+"""The OpenVINO variants (f32, bf16, NNCF int8): skipped with the reason where OpenVINO, NNCF or bf16 is missing;
+where they are here, proven against PyTorch, timed with the others and recorded with backend "openvino"."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from onnxport import optimize
+from onnxport.api import load_model
+from onnxport.exporters.chain import export
+from onnxport.optimize import openvino as ov_variants
+from onnxport.optimize.context import BuildContext, Skip
+from onnxport.optimize.plan import default_plan
+from onnxport.optimize.policy import tolerance_policy
+from onnxport.optimize.result import SkipReason, Variant
+from onnxport.runtime import open_for
+from onnxport.runtime.openvino import bf16_missing, compile_config
+from tests.conftest import MODELS
+
+HAVE_OV = importlib.util.find_spec("openvino") is not None
+HAVE_NNCF = importlib.util.find_spec("nncf") is not None
+needs_ov = pytest.mark.skipif(not HAVE_OV, reason="openvino is not installed")
+FAST = {"bench_batches": (1,), "bench_seconds": 0.2}
+
+
+def test_bf16_needs_the_cpu_flag():
+    assert bf16_missing(["avx2", "avx512_vnni"]) and "bf16" in bf16_missing(["avx2"])
+    assert bf16_missing(["avx512_bf16"]) is None and bf16_missing(["amx_bf16"]) is None
+
+
+def test_skipped_without_openvino_or_bf16(monkeypatch, tmp_path):
+    loaded = load_model(f"{MODELS}:TinyMLP", inputs=["x:float32[batch,8]"])
+    ctx = BuildContext(loaded)
+    monkeypatch.setattr(ov_variants, "openvino_missing", lambda: "the optional package 'openvino' is not installed")
+    for build in (ov_variants.build_openvino, ov_variants.build_openvino_bf16, ov_variants.build_openvino_int8):
+        with pytest.raises(Skip) as e:
+            build(tmp_path / "m.onnx", tmp_path / "v.onnx", ctx)
+        assert e.value.reason is SkipReason.NOT_BUILT and "openvino" in str(e.value)
+    monkeypatch.setattr(ov_variants, "openvino_missing", lambda: None)
+    assert ov_variants.why_not_here("openvino-bf16", ["avx2"]) [1] is SkipReason.NOT_BUILT
+    assert ov_variants.why_not_here("openvino-bf16", ["avx512_bf16"]) is None
+    assert ov_variants.why_not_here("openvino", device="cuda")[1] is SkipReason.NOT_APPLICABLE
+
+
+def test_plan_takes_the_cpu_into_account(monkeypatch):
+    loaded = load_model(f"{MODELS}:TinyMLP", inputs=["x:float32[batch,8]"])
+    monkeypatch.setattr(ov_variants, "openvino_missing", lambda: None)
+    plan = default_plan(loaded, "cpu", ["avx2", "avx512_bf16"])
+    assert "openvino" in plan.build and "openvino-bf16" in plan.build
+    plan = default_plan(loaded, "cpu", ["avx2"])
+    assert "openvino" in plan.build and "openvino-bf16" in plan.skipped and "bf16" in plan.skipped["openvino-bf16"]
+    assert plan.reason("openvino-bf16") is SkipReason.NOT_BUILT
+    monkeypatch.setattr(ov_variants, "openvino_missing", lambda: "not installed")
+    plan = default_plan(loaded, "cpu", ["avx512_bf16"])
+    assert "openvino" in plan.skipped and plan.reason("openvino") is SkipReason.NOT_BUILT
+
+
+def test_bf16_is_judged_by_the_task_metric():
+    from onnxport.core.records import FP32
+
+    assert tolerance_policy("openvino-bf16", FP32) == (FP32, False, True)
+    assert tolerance_policy("openvino", FP32) == (FP32, True, False)
+    assert tolerance_policy("openvino-int8", FP32) == (FP32, False, True)
+    assert compile_config("bf16", 2) == {"INFERENCE_PRECISION_HINT": "bf16", "PERFORMANCE_HINT": "LATENCY",
+                                         "INFERENCE_NUM_THREADS": 2}
+
+
+def test_backend_in_the_variant_record():
+    v = Variant("openvino-bf16", "model.onnx", True, session_options=ov_variants.openvino_options("bf16"))
+    d = v.to_dict()
+    assert d["backend"] == "openvino"
+    assert d["session_options"] == {"provider": "openvino", "inference_precision": "bf16",
+                                    "performance_hint": "LATENCY"}
+    assert Variant("int8", "x.onnx", True).to_dict()["backend"] == "onnxruntime"
+
+
+@pytest.fixture(scope="module")
+def mlp_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("opt_ov")
+    loaded = load_model(f"{MODELS}:TinyMLP", inputs=["x:float32[batch,8]"])
+    result = export(loaded, out / "model.onnx", exporter="torchscript")
+    model = Path(getattr(result, "path", out / "model.onnx"))
+    names = ["openvino", "openvino-bf16"] + (["openvino-int8"] if HAVE_NNCF else [])
+    return out, loaded, optimize.variants(loaded, model, out, names=names, **FAST)
+
+
+@needs_ov
+def test_openvino_variants_proven_and_timed(mlp_run):
+    out, _loaded, result = mlp_run
+    by = {v.name: v for v in result.variants}
+    f32 = by["openvino"]
+    assert f32.passed, f32.reason
+    assert f32.session_options["provider"] == "openvino" and f32.session_options["inference_precision"] == "f32"
+    assert f32.details["backend"] == "openvino" and f32.latency_ms.get("1")
+    assert f32.tolerance is not None and f32.tolerance.atol <= 1e-4
+    bf16 = by["openvino-bf16"]
+    if bf16.skipped:
+        assert bf16.skip_reason is SkipReason.NOT_BUILT
+    else:
+        assert bf16.passed, bf16.reason
+        assert bf16.metrics and bf16.latency_ms.get("1")
+    if HAVE_NNCF and not by["openvino-int8"].skipped:
+        assert by["openvino-int8"].metrics
+
+
+@needs_ov
+def test_openvino_session_is_used_like_onnxruntime(mlp_run):
+    out, _loaded, _result = mlp_run
+    sess = open_for(ov_variants.openvino_options("f32"), out, threads=1)(out / "model.onnx")
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    from onnxport.runtime.sessions import session
+
+    ref = session(out / "model.onnx").run(None, {"x": x})
+    got = sess.run(None, {"x": x})
+    assert [i.name for i in sess.get_inputs()] == ["x"] and sess.get_providers() == ["openvino"]
+    np.testing.assert_allclose(got[0], ref[0], atol=1e-5)
+    assert sess.run([sess.get_outputs()[0].name], {"x": x})[0].shape == ref[0].shape
+
+
+def test_triton_config_follows_an_openvino_best(tmp_path):
+    from onnxport.serve.models import signature
+    from onnxport.serve.triton import config_pbtxt, model_config
+
+    loaded = load_model(f"{MODELS}:TinyMLP", inputs=["x:float32[batch,8]"])
+    export(loaded, tmp_path / "model.onnx", exporter="torchscript")
+    sig = signature(tmp_path / "model.onnx")
+    config = model_config(sig, "m", session_options={"threads": 2},
+                          variant_options=ov_variants.openvino_options("bf16"))
+    assert config["backend"] == "openvino" and "platform" not in config
+    assert config["default_model_filename"] == "model.onnx"
+    assert config["parameters"]["INFERENCE_PRECISION_HINT"] == {"string_value": "bf16"}
+    assert config["parameters"]["INFERENCE_NUM_THREADS"] == {"string_value": "2"}
+    text = config_pbtxt(config)
+    assert 'backend: "openvino"' in text and "onnxruntime_onnx" in text  # the note says how to switch back
+    plain = model_config(sig, "m", variant_options={"provider": "CPUExecutionProvider"})
+    assert plain["platform"] == "onnxruntime_onnx"
+
+
+@needs_ov
+def test_served_from_a_triton_repository_on_openvino(tmp_path):
+    from onnxport.serve.models import _from_repository_entry, signature
+    from onnxport.serve.served import Metrics, load
+    from onnxport.serve.triton import config_pbtxt, model_config
+
+    loaded = load_model(f"{MODELS}:TinyMLP", inputs=["x:float32[batch,8]"])
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    export(loaded, tmp_path / "m" / "1" / "model.onnx", exporter="torchscript")
+    config = model_config(signature(tmp_path / "m" / "1" / "model.onnx"), "m",
+                          variant_options=ov_variants.openvino_options("f32"))
+    (tmp_path / "m" / "config.pbtxt").write_text(config_pbtxt(config))
+    source = _from_repository_entry(tmp_path / "m")
+    assert source.proven_options["provider"] == "openvino"
+    served = load(source, None, None, Metrics())
+    assert served.session.get_providers() == ["openvino"]
