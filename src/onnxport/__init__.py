@@ -3,32 +3,9 @@
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from onnxport.core.version import __version__
-
-if TYPE_CHECKING:
-    from onnxport.api import benchmark, check_file, compare_file, convert, export, load_model, optimize_file
-    from onnxport.core.errors import (
-        EnvironmentProblem,
-        ExportFailed,
-        OnnxportError,
-        SourceError,
-        UsageError,
-        ValidationFailed,
-    )
-    from onnxport.core.options import (
-        BenchOptions,
-        ExportOptions,
-        GpuOptions,
-        LoadOptions,
-        OptimizeOptions,
-        Options,
-        ProofOptions,
-        RuntimeOptions,
-    )
-    from onnxport.core.records import Tolerance
-    from onnxport.core.spec import Dim, InputSpec, parse_dim, parse_input
 
 _WHERE = {
     **dict.fromkeys(("benchmark", "check_file", "compare_file", "convert", "export", "load_model", "optimize_file"),
