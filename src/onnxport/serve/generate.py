@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -18,6 +19,10 @@ from onnxport.core.errors import UsageError
 from onnxport.decoder.generation import check_room, stream_greedy
 from onnxport.decoder.records import CacheLayout
 from onnxport.decoder.tokenizer import load_tokenizer
+from onnxport.seq2seq.generation import Sessions, open_sessions
+from onnxport.seq2seq.generation import check_room as seq2seq_room
+from onnxport.seq2seq.generation import stream_greedy as seq2seq_stream
+from onnxport.seq2seq.records import FILES, WITH_PAST_FILE, Seq2SeqLayout
 from onnxport.serve.models import Signature
 from onnxport.serve.protocol import BadRequest
 
@@ -46,6 +51,14 @@ class Generator:
     def to_dict(self) -> dict:
         return {"layout": self.layout.to_dict(), "tokenizer": self.tokenizer is not None,
                 "eos_token_id": self.eos_token_id}
+
+    def check_room(self, prompt: int, new_tokens: int) -> None:
+        """UsageError when the prompt and the new tokens do not fit the export's lengths."""
+        check_room(self.layout, prompt, new_tokens)
+
+    def stream(self, sess, ids: np.ndarray, max_tokens: int, eos: int | None) -> Iterator[np.ndarray]:
+        """Greedy tokens for the prompt ``ids`` [1, n], one step at a time."""
+        return stream_greedy(sess, self.layout, ids, np.ones_like(ids), max_tokens, eos)
 
 
 @dataclass(frozen=True)
@@ -103,7 +116,7 @@ def load_generator(sig: Signature, onnx_path: Path, report_layout: object = None
     ``tokenizer/`` beside its ONNX file."""
     layout = decoder_layout(sig, report_layout)
     if layout is None:
-        return None
+        return seq2seq_generator(sig, onnx_path, report_layout)
     return Generator(layout, load_tokenizer(onnx_path.parent))
 
 
@@ -170,7 +183,7 @@ def parse_request(body: object, gen: Generator, model: str) -> GenerateRequest:
     max_tokens, ignore_eos = _parameters(body.get("parameters"))
     ids = _prompt(body, gen, model)
     try:
-        check_room(gen.layout, len(ids), max_tokens)
+        gen.check_room(len(ids), max_tokens)
     except UsageError as e:
         raise BadRequest(f"{e.message}: {e.hint}") from None
     return GenerateRequest(request_id, ids, max_tokens, ignore_eos)
@@ -207,7 +220,7 @@ def tokens(sess, gen: Generator, req: GenerateRequest) -> Iterator[int]:
     """The generated token ids, one at a time; the end-of-sequence token ends it unseen unless ``ignore_eos``."""
     eos = None if req.ignore_eos else gen.eos_token_id
     ids = np.asarray([req.input_ids], np.int64)
-    for step in stream_greedy(sess, gen.layout, ids, np.ones_like(ids), req.max_tokens, eos):
+    for step in gen.stream(sess, ids, req.max_tokens, eos):
         token = int(step[0])
         if token == eos:
             return
@@ -295,3 +308,43 @@ async def generate_stream(sess, gen: Generator, req: GenerateRequest, model: str
     if pieces is not None:
         final["text_output"] = pieces.flush()
     yield sse(final)
+
+
+# --------------------------------------------------------------------------- encoder-decoders (docs/seq2seq.md)
+
+
+@dataclass(frozen=True)
+class Seq2SeqGenerator(Generator):
+    """A text-to-text encoder-decoder served from its three files: the prompt is the source, the answer the
+    decoder's greedy tokens (``layout``: a :class:`~onnxport.seq2seq.Seq2SeqLayout`)."""
+
+    sessions: Sessions | None = None
+
+    def check_room(self, prompt: int, new_tokens: int) -> None:
+        if prompt < 1:
+            raise UsageError("the prompt is empty", "give at least one source token")
+        if prompt > self.layout.max_source:
+            raise UsageError(f"a source of {prompt} tokens exceeds the declared maximum of {self.layout.max_source}",
+                             "shorten the source")
+        seq2seq_room(self.layout, new_tokens)
+
+    def stream(self, sess, ids: np.ndarray, max_tokens: int, eos: int | None) -> Iterator[np.ndarray]:
+        return seq2seq_stream(self.sessions, self.layout, [ids, np.ones_like(ids)], max_tokens, eos)
+
+
+def seq2seq_generator(sig: Signature, onnx_path: Path, report_layout: object = None) -> Seq2SeqGenerator | None:
+    """The generator of ``decoder_with_past_model.onnx`` served beside ``encoder_model.onnx`` and
+    ``decoder_model.onnx``, with report.json's ``seq2seq.layout`` (None for any other model, and for speech:
+    generate takes text or token ids)."""
+    names = {t.name for t in sig.inputs}
+    if not isinstance(report_layout, dict) or "past_key_values.0.decoder.key" not in names:
+        return None
+    fields = {f.name for f in dataclasses.fields(Seq2SeqLayout)}
+    kw = {k: v for k, v in report_layout.items() if k in fields}
+    try:
+        layout = Seq2SeqLayout(**kw, start_token=int(report_layout["decoder_start_token_id"]))
+    except (TypeError, KeyError, ValueError):
+        return None
+    if layout.speech or onnx_path.name != WITH_PAST_FILE or not all((onnx_path.parent / n).is_file() for n in FILES):
+        return None
+    return Seq2SeqGenerator(layout, load_tokenizer(onnx_path.parent), open_sessions(onnx_path.parent))

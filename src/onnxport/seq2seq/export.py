@@ -1,0 +1,134 @@
+"""The encoder-decoder as three ONNX files in Optimum's layout (dynamo exporter; dynamic batch, source, decoder
+tokens and past), all at the newest opset onnxruntime runs: ``encoder_model.onnx``, ``decoder_model.onnx``
+(the first step) and ``decoder_with_past_model.onnx``."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from onnxport.core.errors import ExportFailed, UsageError, one_line
+from onnxport.core.logs import captured_output
+from onnxport.core.onnxfile import external_threshold, remove_model, state_bytes
+from onnxport.decoder.export import MAX_BATCH, OPSET_TRIES, same_kernel
+from onnxport.exporters.evidence import first_line
+from onnxport.exporters.opsets import MIN_OPSET, default_opset, exporter_max_opset, lower_opsets
+from onnxport.runtime.sessions import session
+from onnxport.seq2seq.feeds import decoder_ids, encoder_inputs, first_inputs, random_cache, with_past_inputs
+from onnxport.seq2seq.layout import Encoder, FirstStep, WithPast
+from onnxport.seq2seq.records import DECODER_FILE, ENCODER_FILE, WITH_PAST_FILE, Seq2SeqExport, Seq2SeqLayout
+
+EXAMPLE = {"batch": 2, "source": 5, "past": 4, "new": 3}  # never 0 or 1, all different (docs/architecture.md)
+
+
+def _dims(layout: Seq2SeqLayout) -> dict:
+    dim = torch.export.Dim
+    return {"batch": dim("batch", min=1, max=MAX_BATCH),
+            "source": None if layout.speech else dim("source", min=1, max=layout.max_source),
+            "seq": dim("seq", min=1, max=layout.max_length),
+            "past": dim("past", min=1, max=layout.max_length - 1)}
+
+
+def _axes(batch, second=None, axis: int = 1) -> dict:
+    return {0: batch} if second is None else {0: batch, axis: second}
+
+
+def _files(model: nn.Module, layout: Seq2SeqLayout, folder: Path):
+    """(path, wrapper, example inputs, input names, output names, dynamic shapes) of each file."""
+    d, ex = _dims(layout), EXAMPLE
+    source = layout.max_source if layout.speech else ex["source"]
+    enc = encoder_inputs(layout, ex["batch"], ex["source"], padded=True)
+    states = torch.randn(ex["batch"], source, layout.hidden)
+    mask = None if layout.speech else enc[1]
+    cache = random_cache(layout, ex["batch"], ex["past"], source)
+    b, s = d["batch"], d["source"]
+    enc_shapes = ({0: b},) if layout.speech else (_axes(b, s), _axes(b, s))
+    mask_shape = (_axes(b, s),) if layout.encoder_mask else ()
+    cache_shapes = tuple(_axes(b, d["past"] if i % 4 < 2 else s, 2) for i in range(4 * layout.layers))
+    return (
+        (folder / ENCODER_FILE, Encoder(model, layout), enc, layout.encoder_inputs, ("last_hidden_state",),
+         (enc_shapes,)),
+        (folder / DECODER_FILE, FirstStep(model, layout),
+         first_inputs(layout, decoder_ids(layout, ex["batch"], ex["new"]), states, mask),
+         layout.decoder_inputs, layout.decoder_outputs, (_axes(b, d["seq"]), _axes(b, s)) + mask_shape),
+        (folder / WITH_PAST_FILE, WithPast(model, layout),
+         with_past_inputs(layout, decoder_ids(layout, ex["batch"], ex["new"]), mask, cache),
+         layout.with_past_inputs, layout.with_past_outputs, (_axes(b, d["seq"]), mask_shape + cache_shapes)),
+    )
+
+
+def export_seq2seq(model: nn.Module, layout: Seq2SeqLayout, folder: str | Path, *, opset: int | None = None
+                   ) -> Seq2SeqExport:
+    """Export the three files into ``folder``; without ``opset`` the newest opset at which onnxruntime runs all
+    three (newer ones are listed in ``tried``)."""
+    folder = Path(folder)
+    newest = default_opset("dynamo")
+    if opset is not None and not MIN_OPSET <= opset <= min(newest, exporter_max_opset("dynamo")):
+        raise UsageError(f"opset {opset} is not supported here (newest usable: {newest})",
+                         f"pick an opset between {MIN_OPSET} and {newest}, or leave --opset out")
+    versions = [opset] if opset is not None else list(range(newest, max(MIN_OPSET, newest - OPSET_TRIES) - 1, -1))
+    files = _files(model, layout, folder)
+    t0 = time.perf_counter()
+    reasons: list[str] = []
+
+    def worth(candidates: list[int]):  # an opset that would bring the very kernel onnxruntime lacks is left out
+        for version in candidates:
+            if not reasons or not same_kernel(reasons[-1], version):
+                yield version
+
+    def build(version: int) -> Path:
+        for path, wrapper, example, names, outputs, shapes in files:
+            try:
+                _export_once(model, wrapper, tuple(example), names, outputs, shapes, path, version)
+            except Exception as e:  # noqa: BLE001 - torch.export fails alike at every opset
+                raise ExportFailed(f"{path.name} could not be exported at opset {version}: {first_line(e)}",
+                                   "export the plain forward with --input, or report the model",
+                                   code="export-failed") from None
+        return folder
+
+    def why_not(version: int, _: Path) -> str | None:  # an opset the user gave is kept as it is
+        reason = None if opset is not None else ort_cannot_run(files)
+        reasons.append(reason or "")
+        return reason
+
+    kept, rejected = lower_opsets(worth(versions), build, why_not)
+    tried = tuple(f"opset {version}: {reason}" for version, _, reason in rejected)
+    if kept is None:
+        raise ExportFailed(f"the encoder-decoder could not be exported ({'; '.join(tried)})",
+                           "try another --opset, or export the plain forward with --input", code="export-failed")
+    return Seq2SeqExport(tuple(f[0] for f in files), kept[0], time.perf_counter() - t0, tried)
+
+
+def _export_once(model: nn.Module, wrapper: nn.Module, example: tuple, names, outputs, shapes, path: Path,
+                 opset: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_model(path)
+    chatter: list[str] = []
+    with warnings.catch_warnings(), captured_output(chatter), torch.no_grad():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(wrapper.eval(), example, dynamo=True, dynamic_shapes=shapes,
+                                    input_names=list(names), output_names=list(outputs), opset_version=opset,
+                                    optimize=True, verbose=False)
+        program.save(str(path), external_data=state_bytes(model) > external_threshold())
+
+
+def _first_line(e: BaseException) -> str:
+    return one_line(getattr(e, "message", e), 240) or type(e).__name__
+
+
+def ort_cannot_run(files) -> str | None:
+    """Why onnxruntime cannot load or run one of the files on its example (None when it runs all three)."""
+    for path, _, example, names, _, _ in files:
+        try:
+            sess = session(path, providers=["CPUExecutionProvider"])
+        except Exception as e:  # noqa: BLE001 - any refusal is the answer
+            return f"onnxruntime cannot load {path.name}: {_first_line(e)}"
+        try:
+            sess.run(None, {n: t.numpy() for n, t in zip(names, example)})
+        except Exception as e:  # noqa: BLE001
+            return f"onnxruntime cannot run {path.name}: {_first_line(e)}"
+    return None

@@ -1,0 +1,107 @@
+"""The encoder-decoder entry points: load a local model, export its three files with their cache, prove them,
+and keep the proven names only when everything passes (else ``*.unverified.onnx``)."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from torch import nn
+
+from onnxport.core.errors import SourceError, UsageError
+from onnxport.core.logs import Progress, noop
+from onnxport.core.onnxfile import move_model, remove_model
+from onnxport.core.records import FP32, Tolerance
+from onnxport.core.spec import InputSpec
+from onnxport.decoder.exportable import upcast
+from onnxport.seq2seq.export import export_seq2seq
+from onnxport.seq2seq.generation import open_sessions
+from onnxport.seq2seq.layout import NO_CACHE_HINT, is_seq2seq, seq2seq_layout
+from onnxport.seq2seq.prove import NEW_TOKENS, prove_seq2seq
+from onnxport.seq2seq.records import FILES, Seq2SeqOutcome, final_name
+from onnxport.seq2seq.variants import optimize_seq2seq, variant_names
+from onnxport.sources.base import LoadedModel, count_parameters
+
+MAX_LENGTH = 128  # decoder tokens the self-attention cache holds
+MAX_SOURCE = 512  # source tokens (capped by the model's positions)
+SEQ2SEQ_TASKS = ("text2text-generation", "text2text-generation-with-past", "automatic-speech-recognition",
+                 "translation", "summarization")
+
+
+def wants_seq2seq(source: str, task: str | None) -> bool:
+    """Whether a pipeline source gets the encoder-decoder export with its cache: an ``hf:DIR`` whose
+    ``config.json`` names an encoder-decoder, with ``--task`` left out or a sequence-to-sequence task."""
+    if not source.startswith("hf:") or (task is not None and task not in SEQ2SEQ_TASKS):
+        return False
+    return is_seq2seq(source.split(":", 1)[1])
+
+
+def load(source: str, *, trust_remote_code: bool = False, **_: object) -> LoadedModel:
+    """The encoder-decoder in ``hf:DIR`` (local only), loaded with the class its config names; its inputs are
+    the encoder's. (The generic loader runs the model's forward, which needs decoder inputs here.)"""
+    import transformers
+
+    path = Path(source.split(":", 1)[1])
+    if not is_seq2seq(path):
+        raise UsageError(f"{path} holds no encoder-decoder that generates", NO_CACHE_HINT)
+    transformers.utils.logging.set_verbosity_error()
+    config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True,
+                                                     trust_remote_code=trust_remote_code)
+    arch = next(a for a in config.architectures if hasattr(transformers, a))
+    try:
+        model = getattr(transformers, arch).from_pretrained(str(path), local_files_only=True,
+                                                            trust_remote_code=trust_remote_code).eval()
+    except (OSError, ValueError) as e:
+        raise SourceError(f"cannot load the model in {path}: {str(e).splitlines()[0][:200]}",
+                          "the directory needs the weights saved by save_pretrained()") from None
+    speech = getattr(model, "main_input_name", "input_ids") == "input_features"
+    inputs = ((InputSpec("input_features", "float32", ("batch", getattr(config, "num_mel_bins", 80), "frames")),)
+              if speech else (InputSpec("input_ids", "int64", ("batch", "source")),
+                              InputSpec("attention_mask", "int64", ("batch", "source"))))
+    return LoadedModel(source=source, name=arch, kind="hf", model=model, flat=model, inputs=inputs, dims={},
+                       output_names=("logits",), parameters=count_parameters(model),
+                       extra={"model_type": getattr(config, "model_type", None), "architecture": arch})
+
+
+def run(model_dir: str | Path, out: str | Path, **kw) -> Seq2SeqOutcome:
+    """Load the encoder-decoder in ``model_dir`` (local only, as ``hf:DIR``) and hand it to :func:`run_model`."""
+    trust = bool(kw.pop("trust_remote_code", False))
+    return run_model(load(f"hf:{model_dir}", trust_remote_code=trust).model, out, **kw)
+
+
+def run_model(model: nn.Module, out: str | Path, *, max_length: int = MAX_LENGTH, max_source: int = MAX_SOURCE,
+              opset: int | None = None, tolerance: Tolerance = FP32, new_tokens: int = NEW_TOKENS,
+              progress: Progress = noop, variants: Sequence[str] | str | None = None, threads: int | None = None,
+              budget_s: float | None = None) -> Seq2SeqOutcome:
+    """Export ``model`` (a transformers encoder-decoder) as ``encoder_model.onnx``, ``decoder_model.onnx`` and
+    ``decoder_with_past_model.onnx`` into ``out`` and prove them: step cases against PyTorch and greedy
+    generation against ``model.generate``. The files keep these names only when every check passes, else
+    they are written as ``*.unverified.onnx``. A model in bfloat16 / float16 is upcast to float32 (exactly).
+    With ``variants`` ("auto", "all" or names; None: none) proven files get their optimized variants in
+    ``out/variants/<name>/`` (:func:`~onnxport.seq2seq.variants.optimize_seq2seq`)."""
+    names = variant_names(variants)  # an unknown name fails before the (slow) export
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.eval()
+    upcast(model)
+    layout = seq2seq_layout(model, max_length, max_source)
+    if new_tokens < 1 or new_tokens > max_length:
+        raise UsageError(f"--max-length {max_length} leaves no room for {new_tokens} generated tokens",
+                         f"give --max-length {new_tokens} or more")
+    progress(f"exporting the encoder and the decoder with its cache ({layout.layers} layers, {layout.heads} heads, "
+             f"up to {max_length} decoder tokens)")
+    with tempfile.TemporaryDirectory(prefix=".onnxport-seq2seq-", dir=out) as work:
+        made = export_seq2seq(model, layout, Path(work), opset=opset)
+        progress(f"proving at opset {made.opset}: step cases and greedy generation against PyTorch")
+        proof = prove_seq2seq(model, layout, open_sessions(work, paths=made.paths), tolerance=tolerance,
+                              new_tokens=new_tokens)
+        for name in FILES:
+            remove_model(out / final_name(name, True))
+            remove_model(out / final_name(name, False))
+            move_model(Path(work) / name, out / final_name(name, proof.passed))
+    built = None
+    if names and proof.passed:
+        built = optimize_seq2seq(model, layout, out, out, names=names, tolerance=tolerance, threads=threads,
+                                 budget_s=budget_s, progress=progress)
+    return Seq2SeqOutcome(out, layout, made, proof, built)

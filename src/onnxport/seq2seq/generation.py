@@ -1,0 +1,92 @@
+"""Step-wise greedy generation with the three exported files: the encoder once, the first decoder step on the
+start token (its presents hold the decoder's and the encoder's keys and values), then one token per step with
+``decoder_with_past_model``, the decoder presents fed back beside the encoder's unchanged ones."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from onnxport.core.errors import UsageError
+from onnxport.seq2seq.records import DECODER_FILE, ENCODER_FILE, WITH_PAST_FILE, Seq2SeqLayout, final_name
+
+
+class Sessions(NamedTuple):
+    """onnxruntime sessions of the three files."""
+
+    encoder: object
+    decoder: object
+    with_past: object
+
+
+def open_sessions(folder: str | Path, proven: bool = True, providers: Sequence[str] | None = None,
+                  paths: Sequence[Path] | None = None, **kw) -> Sessions:
+    """Sessions of the three files in ``folder`` (``proven`` False: the ``*.unverified.onnx`` ones), or of
+    ``paths`` (encoder, decoder, with past) when given."""
+    from onnxport.runtime.sessions import session
+
+    files = paths or [Path(folder) / final_name(n, proven) for n in (ENCODER_FILE, DECODER_FILE, WITH_PAST_FILE)]
+    return Sessions(*(session(p, providers=list(providers or ["CPUExecutionProvider"]), **kw) for p in files))
+
+
+def check_room(layout: Seq2SeqLayout, new_tokens: int) -> None:
+    """UsageError when ``new_tokens`` (after the start token) exceed the decoder's ``max_length``."""
+    if new_tokens < 1:
+        raise UsageError(f"{new_tokens} new tokens asked for", "ask for at least one new token")
+    if new_tokens > layout.max_length:
+        raise UsageError(f"{new_tokens} new tokens exceed the declared maximum of {layout.max_length} decoder "
+                         "tokens", "ask for fewer new tokens, or export again with a larger --max-length")
+
+
+def encoder_feeds(layout: Seq2SeqLayout, inputs: Sequence[np.ndarray]) -> dict:
+    """The encoder's feeds; a source longer than ``max_source`` is a UsageError."""
+    if not layout.speech:
+        if inputs[0].shape[1] < 1:
+            raise UsageError("the source is empty", "give at least one source token")
+        if inputs[0].shape[1] > layout.max_source:
+            raise UsageError(f"a source of {inputs[0].shape[1]} tokens exceeds the declared maximum of "
+                             f"{layout.max_source}", "shorten the source")
+        return {"input_ids": inputs[0].astype(np.int64), "attention_mask": inputs[1].astype(np.int64)}
+    return {"input_features": inputs[0].astype(np.float32)}
+
+
+def stream_greedy(sessions: Sessions, layout: Seq2SeqLayout, inputs: Sequence[np.ndarray], max_new_tokens: int,
+                  eos_token_id: int | None = None) -> Iterator[np.ndarray]:
+    """Greedy tokens one step at a time: yields [batch] int64 ids per step, at most ``max_new_tokens`` steps,
+    stopping after the step where every row has produced ``eos_token_id``. ``inputs``: the encoder's (ids and
+    mask, or features)."""
+    check_room(layout, max_new_tokens)
+    feeds = encoder_feeds(layout, inputs)
+    (states,) = sessions.encoder.run(["last_hidden_state"], feeds)
+    batch = states.shape[0]
+    masks = {"encoder_attention_mask": feeds["attention_mask"]} if layout.encoder_mask else {}
+    ids = np.full((batch, 1), layout.start_token, np.int64)
+    logits, *presents = sessions.decoder.run(list(layout.decoder_outputs),
+                                             {"input_ids": ids, "encoder_hidden_states": states, **masks})
+    cross = [presents[4 * i + k] for i in range(layout.layers) for k in (2, 3)]
+    own = [presents[4 * i + k] for i in range(layout.layers) for k in (0, 1)]
+    done = np.zeros(batch, bool)
+    names = layout.past_names("past_key_values")
+    for step in range(max_new_tokens):
+        if step:
+            cache = [t for i in range(layout.layers) for t in (own[2 * i], own[2 * i + 1], cross[2 * i],
+                                                               cross[2 * i + 1])]
+            logits, *own = sessions.with_past.run(list(layout.with_past_outputs),
+                                                  {"input_ids": ids, **masks, **dict(zip(names, cache))})
+        token = logits[:, -1].argmax(-1).astype(np.int64)
+        yield token
+        if eos_token_id is not None:
+            done |= token == eos_token_id
+            if done.all():
+                return
+        ids = token[:, None]
+
+
+def generate_greedy(sessions: Sessions, layout: Seq2SeqLayout, inputs: Sequence[np.ndarray], max_new_tokens: int,
+                    eos_token_id: int | None = None) -> np.ndarray:
+    """All of :func:`stream_greedy` at once: [batch, steps] token ids."""
+    steps = list(stream_greedy(sessions, layout, inputs, max_new_tokens, eos_token_id))
+    return np.stack(steps, axis=1) if steps else np.zeros((inputs[0].shape[0], 0), np.int64)

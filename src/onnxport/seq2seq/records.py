@@ -1,0 +1,172 @@
+"""The records of an encoder-decoder export with its cache: the layout of the three files, the export, each
+step case, and the whole outcome (frozen dataclasses with ``to_dict`` for the report). Greedy generations are
+the decoder's :class:`~onnxport.decoder.records.GenerationCheck`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from onnxport.core.records import Tolerance
+from onnxport.decoder.records import DecoderVariants, GenerationCheck
+
+ENCODER_FILE = "encoder_model.onnx"
+DECODER_FILE = "decoder_model.onnx"
+WITH_PAST_FILE = "decoder_with_past_model.onnx"
+FILES = (ENCODER_FILE, DECODER_FILE, WITH_PAST_FILE)
+KINDS = ("decoder", "encoder")  # self-attention cache, cross-attention cache
+
+
+@dataclass(frozen=True)
+class Seq2SeqLayout:
+    """The three files' inputs and outputs: ``past_key_values.{i}.decoder.key`` is [batch, heads, past, head_dim]
+    (the self-attention cache) and ``.encoder.key`` [batch, heads, source, head_dim] (the cross-attention cache,
+    computed once on the first step). ``speech``: the encoder takes ``input_features`` [batch, mel_bins, frames]
+    (Whisper; ``frames`` fixed) instead of ``input_ids`` and ``attention_mask``."""
+
+    architecture: str
+    model_type: str
+    layers: int  # decoder layers
+    heads: int
+    head_dim: int
+    hidden: int  # the encoder's output width (d_model)
+    vocab: int
+    start_token: int  # decoder_start_token_id
+    max_length: int  # the most decoder tokens the self-attention cache holds
+    max_source: int  # the longest source (tokens, or frames for speech)
+    speech: bool = False
+    mel_bins: int = 0
+    frames: int = 0  # speech: the one input length the encoder takes
+
+    @property
+    def encoder_inputs(self) -> tuple[str, ...]:
+        return ("input_features",) if self.speech else ("input_ids", "attention_mask")
+
+    @property
+    def encoder_mask(self) -> bool:
+        """Whether the decoders take ``encoder_attention_mask`` (Whisper's cross-attention has none)."""
+        return not self.speech
+
+    def past_names(self, prefix: str, kinds: tuple[str, ...] = KINDS) -> tuple[str, ...]:
+        return tuple(f"{prefix}.{i}.{kind}.{kv}" for i in range(self.layers) for kind in kinds for kv in ("key", "value"))
+
+    @property
+    def decoder_inputs(self) -> tuple[str, ...]:
+        return ("input_ids", "encoder_hidden_states") + (("encoder_attention_mask",) if self.encoder_mask else ())
+
+    @property
+    def decoder_outputs(self) -> tuple[str, ...]:
+        return ("logits",) + self.past_names("present")
+
+    @property
+    def with_past_inputs(self) -> tuple[str, ...]:
+        return (("input_ids",) + (("encoder_attention_mask",) if self.encoder_mask else ())
+                + self.past_names("past_key_values"))
+
+    @property
+    def with_past_outputs(self) -> tuple[str, ...]:
+        return ("logits",) + self.past_names("present", ("decoder",))
+
+    def past_shape(self, batch: int, tokens: int) -> tuple[int, int, int, int]:
+        return (batch, self.heads, tokens, self.head_dim)
+
+    def to_dict(self) -> dict:
+        return {"architecture": self.architecture, "model_type": self.model_type, "layers": self.layers,
+                "heads": self.heads, "head_dim": self.head_dim, "hidden": self.hidden, "vocab": self.vocab,
+                "decoder_start_token_id": self.start_token, "max_length": self.max_length,
+                "max_source": self.max_source, "speech": self.speech, "mel_bins": self.mel_bins or None,
+                "frames": self.frames or None, "files": list(FILES)}
+
+
+@dataclass(frozen=True)
+class Seq2SeqExport:
+    """The three files (in a work folder until proven), one opset for all; ``tried``: why newer opsets were left."""
+
+    paths: tuple[Path, Path, Path]
+    opset: int
+    seconds: float
+    tried: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {"files": [p.name for p in self.paths], "opset": self.opset, "seconds": round(self.seconds, 3),
+                "tried": list(self.tried)}
+
+
+@dataclass(frozen=True)
+class Seq2SeqCase:
+    """One step: ``new`` decoder tokens on a self-attention cache of ``past`` tokens (0: ``decoder_model``,
+    else ``decoder_with_past_model``), for ``batch`` rows of sources up to ``source`` long (``padded``: the
+    other rows shorter, masked), the encoder run first. ``max_abs_err_encoder``: its last_hidden_state."""
+
+    batch: int
+    source: int
+    past: int
+    new: int
+    padded: bool
+    max_abs_err_encoder: float
+    max_abs_err_logits: float
+    max_abs_err_presents: float
+    passed: bool
+    error: str | None = None
+
+    @property
+    def file(self) -> str:
+        return DECODER_FILE if self.past == 0 else WITH_PAST_FILE
+
+    def to_dict(self) -> dict:
+        return {"batch": self.batch, "source": self.source, "past": self.past, "new": self.new,
+                "padded": self.padded, "file": self.file, "max_abs_err_encoder": self.max_abs_err_encoder,
+                "max_abs_err_logits": self.max_abs_err_logits, "max_abs_err_presents": self.max_abs_err_presents,
+                "passed": self.passed, "error": self.error}
+
+
+@dataclass(frozen=True)
+class Seq2SeqProof:
+    """Every step case and every generation, judged with ``tolerance``."""
+
+    tolerance: Tolerance
+    cases: tuple[Seq2SeqCase, ...]
+    generations: tuple[GenerationCheck, ...]
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.cases) and all(g.passed for g in self.generations)
+
+    @property
+    def max_abs_err(self) -> float:
+        return max((max(c.max_abs_err_encoder, c.max_abs_err_logits, c.max_abs_err_presents) for c in self.cases),
+                   default=0.0)
+
+    def to_dict(self) -> dict:
+        return {"passed": self.passed, "tolerance": self.tolerance.to_dict(), "max_abs_err": self.max_abs_err,
+                "cases": [c.to_dict() for c in self.cases], "generations": [g.to_dict() for g in self.generations]}
+
+
+@dataclass(frozen=True)
+class Seq2SeqOutcome:
+    """What :func:`onnxport.seq2seq.run_model` did: ``folder`` holds the three files when proven (else each
+    is written as ``*.unverified.onnx``)."""
+
+    folder: Path
+    layout: Seq2SeqLayout
+    export: Seq2SeqExport
+    proof: Seq2SeqProof
+    variants: DecoderVariants | None = None  # built only when asked for and the proof passed
+
+    @property
+    def passed(self) -> bool:
+        return self.proof.passed
+
+    @property
+    def paths(self) -> tuple[Path, ...]:
+        return tuple(self.folder / final_name(name, self.passed) for name in FILES)
+
+    def to_dict(self) -> dict:
+        return {"files": [p.name for p in self.paths], "passed": self.passed, "layout": self.layout.to_dict(),
+                "export": self.export.to_dict(), "proof": self.proof.to_dict(),
+                "variants": None if self.variants is None else self.variants.to_dict()}
+
+
+def final_name(name: str, proven: bool) -> str:
+    """``decoder_model.onnx`` when proven, else ``decoder_model.unverified.onnx``."""
+    return name if proven else name.replace(".onnx", ".unverified.onnx")
