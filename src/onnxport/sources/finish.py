@@ -60,13 +60,27 @@ def finish(source: str, name: str, kind: str, model: nn.Module, specs: list[Inpu
             f"the model fails on the example inputs ({', '.join(str(s) for s in spec_t)}): {type(e).__name__}: {first}",
             "check --input names, dtypes and fixed sizes against forward(), and --dim ranges",
         ) from None
-    outs = names_of(out)  # the model ran: what follows is about its output, never a reason to probe its sizes
+    outs = _distinct_from_inputs(names_of(out), names)  # the model ran: what follows is about its output
     del out
     _preflight(flat, spec_t, resolved)
     return LoadedModel(
         source=source, name=name, kind=kind, model=model, flat=flat, inputs=spec_t, dims=resolved,
         output_names=outs, parameters=count_parameters(model), diagnostics=diags, extra=dict(extra or {}),
     )
+
+
+def _distinct_from_inputs(outs: tuple[str, ...], inputs: list[str]) -> tuple[str, ...]:
+    """Output names that no input has (ONNX names every value once: a UNet's input ``sample`` and its output
+    ``sample`` would make an invalid graph); a clashing output gets ``_out`` appended."""
+    taken = set(inputs)
+    fixed = []
+    for name in outs:
+        new = name
+        while new in taken:
+            new += "_out"
+        taken.add(new)
+        fixed.append(new)
+    return tuple(fixed)
 
 
 def _out_of_range(model: nn.Module, specs: tuple[InputSpec, ...]) -> UsageError:
