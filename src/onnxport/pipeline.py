@@ -455,7 +455,8 @@ def _bench_backends(run: Run) -> tuple[dict[str, Path], list]:
     best = optimized.best if optimized is not None else None
     if best is None:
         return paths, []
-    label = f"onnxruntime:best ({best.name})"
+    backend = "openvino" if (best.session_options or {}).get("provider") == "openvino" else "onnxruntime"
+    label = f"{backend}:best ({best.name})"
     options = dict(best.session_options or {})
     if not options or options == optimize.gpu.base_options(run.device):
         return (paths if best.name == "export" else {**paths, label: run.out / "best.onnx"}), []
