@@ -371,3 +371,12 @@ def test_a_while_loop_kept_by_scripting_is_proven_at_the_trip_counts_it_ran(tmp_
     [site] = rep["validation"]["branches"]
     assert site["op"] == "Loop" and set(site["trip_counts"]) >= {"1", "7", "16", "32"}
     _ort_matches_pytorch(tmp_path, _loaded(f"{CF}:TanhRecurrence", *TIME), [(2, 5, 4), (3, 29, 4)])
+
+
+def test_a_source_path_cut_mid_name_by_torch_logs_is_still_found():
+    from onnxport.exporters.controlflow import same_file
+
+    # torch's logs drop what a path shares with torch's own location, character by character (a venv elsewhere)
+    assert same_file("/tmp/proj/tests/model.py", "mp/proj/tests/model.py")
+    assert same_file("/work/proj/model.py", "model.py") and same_file("/work/proj/a/model.py", "a/model.py")
+    assert not same_file("/work/proj/my_model.py", "model.py") and not same_file("/w/b/model.py", "a/model.py")

@@ -45,9 +45,14 @@ class Rewrite:
 
 
 def same_file(a: str, b: str) -> bool:
-    """Whether two paths name the same source file (one may be relative to the other)."""
+    """Whether two paths name the same source file (one may be relative to the other, or cut mid-name: torch's
+    logs drop the characters a file's path shares with torch's own location, e.g. ``mp/proj/model.py`` for
+    ``/tmp/proj/model.py`` when torch lives under ``/t…``)."""
     a, b = a.replace("\\", "/"), b.replace("\\", "/")
-    return a == b or a.endswith("/" + b.lstrip("./")) or b.endswith("/" + a.lstrip("./"))
+    if a == b or a.endswith("/" + b.lstrip("./")) or b.endswith("/" + a.lstrip("./")):
+        return True
+    short, long = sorted((a, b), key=len)
+    return "/" in short and short.rsplit("/", 1)[1] == long.rsplit("/", 1)[1] and long.endswith(short)
 
 
 def _forward_source(mod: nn.Module) -> tuple[str, int, ast.FunctionDef, object] | None:
