@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import time
 import warnings
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -43,18 +44,9 @@ def export_decoder(model: nn.Module, layout: CacheLayout, path: str | Path, *, o
     """Export ``model`` with its cache to ``path``; without ``opset`` the newest opset whose export
     onnxruntime runs at past 0 and past > 0 (newer ones are listed in ``tried``)."""
     path = Path(path)
-    newest = default_opset("dynamo")
-    if opset is not None and not MIN_OPSET <= opset <= min(newest, exporter_max_opset("dynamo")):
-        raise UsageError(f"opset {opset} is not supported here (newest usable: {newest})",
-                         f"pick an opset between {MIN_OPSET} and {newest}, or leave --opset out")
-    versions = [opset] if opset is not None else list(range(newest, max(MIN_OPSET, newest - OPSET_TRIES) - 1, -1))
+    versions = cache_opsets(opset)
     t0 = time.perf_counter()
     reasons: list[str] = []
-
-    def worth(candidates: list[int]):  # an opset that would bring the very kernel onnxruntime lacks is left out
-        for version in candidates:
-            if not reasons or not same_kernel(reasons[-1], version):
-                yield version
 
     def build(version: int) -> Path:
         try:
@@ -70,7 +62,7 @@ def export_decoder(model: nn.Module, layout: CacheLayout, path: str | Path, *, o
         return reason
 
     with exportable(model, layout.max_length) as (experts, notes):
-        kept, rejected = lower_opsets(worth(versions), build, why_not)
+        kept, rejected = lower_opsets(worth_trying(versions, reasons), build, why_not)
     tried = tuple(f"opset {version}: {reason}" for version, _, reason in rejected)
     if kept is not None:
         return DecoderExport(path, kept[0], time.perf_counter() - t0, tried, experts=experts, notes=tuple(notes))
@@ -81,6 +73,24 @@ def export_decoder(model: nn.Module, layout: CacheLayout, path: str | Path, *, o
 
 
 MISSING_KERNEL = re.compile(r"Could not find an implementation for (\w+)\((\d+)\)")
+
+
+def cache_opsets(opset: int | None) -> list[int]:
+    """The opsets an export with a cache tries, newest first: ``opset`` alone when given (a UsageError when the
+    exporter or onnxruntime cannot take it), else the newest ``OPSET_TRIES`` + 1 down to MIN_OPSET."""
+    newest = default_opset("dynamo")
+    if opset is not None and not MIN_OPSET <= opset <= min(newest, exporter_max_opset("dynamo")):
+        raise UsageError(f"opset {opset} is not supported here (newest usable: {newest})",
+                         f"pick an opset between {MIN_OPSET} and {newest}, or leave --opset out")
+    return [opset] if opset is not None else list(range(newest, max(MIN_OPSET, newest - OPSET_TRIES) - 1, -1))
+
+
+def worth_trying(candidates: Iterable[int], reasons: list[str]) -> Iterator[int]:
+    """``candidates`` less those that would bring the very kernel onnxruntime lacked last (``reasons``: why each
+    rejected opset was, read as the candidates are drawn)."""
+    for version in candidates:
+        if not reasons or not same_kernel(reasons[-1], version):
+            yield version
 
 
 def same_kernel(reason: str, version: int) -> bool:

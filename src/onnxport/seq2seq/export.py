@@ -11,12 +11,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from onnxport.core.errors import ExportFailed, UsageError, one_line
+from onnxport.core.errors import ExportFailed, one_line
 from onnxport.core.logs import captured_output
 from onnxport.core.onnxfile import external_threshold, remove_model, state_bytes
-from onnxport.decoder.export import MAX_BATCH, OPSET_TRIES, same_kernel
+from onnxport.decoder.export import MAX_BATCH, cache_opsets, worth_trying
 from onnxport.exporters.evidence import first_line
-from onnxport.exporters.opsets import MIN_OPSET, default_opset, exporter_max_opset, lower_opsets
+from onnxport.exporters.opsets import lower_opsets
 from onnxport.runtime.sessions import session
 from onnxport.seq2seq.feeds import decoder_ids, encoder_inputs, first_inputs, random_cache, with_past_inputs
 from onnxport.seq2seq.layout import Encoder, FirstStep, WithPast
@@ -66,19 +66,10 @@ def export_seq2seq(model: nn.Module, layout: Seq2SeqLayout, folder: str | Path, 
     """Export the three files into ``folder``; without ``opset`` the newest opset at which onnxruntime runs all
     three (newer ones are listed in ``tried``)."""
     folder = Path(folder)
-    newest = default_opset("dynamo")
-    if opset is not None and not MIN_OPSET <= opset <= min(newest, exporter_max_opset("dynamo")):
-        raise UsageError(f"opset {opset} is not supported here (newest usable: {newest})",
-                         f"pick an opset between {MIN_OPSET} and {newest}, or leave --opset out")
-    versions = [opset] if opset is not None else list(range(newest, max(MIN_OPSET, newest - OPSET_TRIES) - 1, -1))
+    versions = cache_opsets(opset)
     files = _files(model, layout, folder)
     t0 = time.perf_counter()
     reasons: list[str] = []
-
-    def worth(candidates: list[int]):  # an opset that would bring the very kernel onnxruntime lacks is left out
-        for version in candidates:
-            if not reasons or not same_kernel(reasons[-1], version):
-                yield version
 
     def build(version: int) -> Path:
         for path, wrapper, example, names, outputs, shapes in files:
@@ -95,7 +86,7 @@ def export_seq2seq(model: nn.Module, layout: Seq2SeqLayout, folder: str | Path, 
         reasons.append(reason or "")
         return reason
 
-    kept, rejected = lower_opsets(worth(versions), build, why_not)
+    kept, rejected = lower_opsets(worth_trying(versions, reasons), build, why_not)
     tried = tuple(f"opset {version}: {reason}" for version, _, reason in rejected)
     if kept is None:
         raise ExportFailed(f"the encoder-decoder could not be exported ({'; '.join(tried)})",
