@@ -86,11 +86,7 @@ def generation_check(name: str, sess, model: nn.Module, layout: CacheLayout, inp
         raise
     except Exception as e:  # noqa: BLE001 - recorded as the generation's failure
         return GenerationCheck(name, len(lengths), lengths, new_tokens, (), None, one_line(e, 240))
-    agree = tuple(bool(np.array_equal(got[:, i], want[:, i])) for i in range(min(got.shape[1], want.shape[1])))
-    first = next((i for i, same in enumerate(agree) if not same), None)
-    if first is None and len(agree) < new_tokens:
-        first = len(agree)
-    return GenerationCheck(name, len(lengths), lengths, new_tokens, agree, first)
+    return GenerationCheck.judged(name, lengths, new_tokens, got, want)
 
 
 def greedy(sess, layout: CacheLayout, input_ids: np.ndarray, attention_mask: np.ndarray,

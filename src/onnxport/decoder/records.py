@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from onnxport.core.records import Tolerance
 from onnxport.optimize.gates import GATES
 from onnxport.optimize.passes import MIN_GAIN, clearly_faster
@@ -109,6 +111,17 @@ class GenerationCheck:
     agreement: tuple[bool, ...]  # per step: every row's token equal
     first_divergent_step: int | None
     error: str | None = None
+
+    @classmethod
+    def judged(cls, name: str, lengths: tuple[int, ...], new_tokens: int, got: np.ndarray,
+               want: np.ndarray) -> GenerationCheck:
+        """The check of ``got`` against ``want`` ([batch, steps] token ids): the steps where every row agrees, the
+        first that does not (or the first missing one when ``got`` stopped short)."""
+        agree = tuple(bool(np.array_equal(got[:, k], want[:, k])) for k in range(min(got.shape[1], want.shape[1])))
+        first = next((k for k, same in enumerate(agree) if not same), None)
+        if first is None and len(agree) < new_tokens:
+            first = len(agree)
+        return cls(name, len(lengths), lengths, new_tokens, agree, first)
 
     @property
     def passed(self) -> bool:
