@@ -50,7 +50,7 @@ def _precision(diags: list[Diagnostic], parity: ParityResult | None,
     a tolerance tighter than the arithmetic), not a frozen branch or a baked-in size."""
     if parity is None or parity.passed or not parity.cases or parity.load_error:
         return None
-    judged = [r for r in parity.cases if not (r.passed and _scaled(r))]  # a looser bound proves no precision
+    judged = [r for r in parity.cases if not (r.passed and r.scaled)]  # a looser bound proves no precision
     if not judged or any(r.passed or r.failure is not Failure.MISMATCH for r in judged):
         return None
     errs = [r.max_abs_err for r in judged]
@@ -73,10 +73,6 @@ def _precision(diags: list[Diagnostic], parity: ParityResult | None,
                       "use_tf32=0); if you serve with reduced precision, prove it with a tolerance that fits it, "
                       "e.g. --atol 1e-2 --rtol 1e-2")
 
-
-def _scaled(result) -> bool:
-    """Whether a case was judged against its outputs' magnitude (inputs scaled up: compare.magnitudes)."""
-    return any("tolerance_scale" in out for out in result.outputs.values())
 
 
 def _frozen(diags: list[Diagnostic], parity: ParityResult | None) -> Diagnostic | None:

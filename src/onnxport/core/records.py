@@ -160,6 +160,12 @@ class CaseResult:
     sizes: dict[str, int] = field(default_factory=dict)
     failure: Failure | None = None
 
+    @property
+    def scaled(self) -> bool:
+        """Whether the case was judged against its outputs' magnitude (inputs scaled up: compare.magnitudes), a
+        looser bound that proves neither a dim nor a precision."""
+        return any("tolerance_scale" in out for out in self.outputs.values())
+
     def to_dict(self) -> dict:
         return {"label": self.label, "sizes": self.sizes, "shapes": self.shapes, "values": self.values,
                 "max_abs_err": finite(self.max_abs_err), "max_rel_err": finite(self.max_rel_err),

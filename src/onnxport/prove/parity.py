@@ -65,7 +65,7 @@ def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | N
         ))
     diags.extend(_borderline_note(results))
     for d in checks:
-        if d.symbolic and not d.proven and any(r.passed and not _scaled(r) for r in results):
+        if d.symbolic and not d.proven and any(r.passed and not r.scaled for r in results):
             diags.append(error(
                 "dynamic-dim-unproven",
                 f"input '{d.input}' axis {d.axis} ('{d.symbol}') is symbolic but the model matches PyTorch at "
@@ -226,17 +226,13 @@ def _alone_cases(loaded: LoadedModel, checks: tuple[DimCheck, ...], cases: list[
     return extra[:8]
 
 
-def _scaled(result: CaseResult) -> bool:
-    """Whether a case was judged against its outputs' magnitude (inputs scaled up: compare.magnitudes)."""
-    return any("tolerance_scale" in out for out in result.outputs.values())
-
 
 def _prove_dims(loaded: LoadedModel, dim_checks: tuple[DimCheck, ...], cases: list[Case],
                 results: list[CaseResult]) -> tuple[DimCheck, ...]:
     proven = []
     for d in dim_checks:
         sizes = sorted({c.sizes[d.symbol] for c, r in zip(cases, results)  # at the plain bound, not a scaled one
-                        if r.passed and d.symbol in c.sizes and not _scaled(r)})
+                        if r.passed and d.symbol in c.sizes and not r.scaled})
         dim = loaded.dims.get(d.symbol)
         needed = 1 if dim is not None and dim.min == dim.max else 2  # a range of one size is proven at it
         proven.append(replace(d, sizes_passed=tuple(sizes), proven=d.symbolic and len(sizes) >= needed))
