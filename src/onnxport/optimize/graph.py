@@ -7,7 +7,7 @@ from pathlib import Path
 
 import onnx
 
-from onnxport.core.onnxfile import copy_model, file_bytes, inline_limit, save_model
+from onnxport.core.onnxfile import copy_model, file_bytes, inline_limit, remove_model, save_model
 from onnxport.optimize.context import BuildContext, BuildOutcome, Skip
 from onnxport.optimize.result import ORT_LEVEL
 from onnxport.prove.check import check
@@ -40,8 +40,7 @@ def save(model: onnx.ModelProto, path: Path) -> None:
 def replace_model(src: Path, dst: Path) -> None:
     """Copy an ONNX file (and its external data, renamed to ``<dst>.data``) over ``dst``, removing a stale
     ``<dst>.data`` an earlier file left there."""
-    dst.unlink(missing_ok=True)
-    Path(str(dst) + ".data").unlink(missing_ok=True)
+    remove_model(dst)
     copy_model(src, dst)  # bytes copied, weights never loaded (models over 2 GB)
 
 

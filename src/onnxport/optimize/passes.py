@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from onnxport.core.errors import DiskFull, disk_full
 from onnxport.core.logs import Progress
-from onnxport.core.onnxfile import move_model
+from onnxport.core.onnxfile import move_model, remove_model
 from onnxport.optimize.context import BuildOutcome, Skip
 from onnxport.optimize.graph import replace_model, short_error
 from onnxport.optimize.result import SkipReason
@@ -64,17 +64,12 @@ class Built:
         return self.outcome.path or self.dst
 
 
-def _remove(path: Path) -> None:
-    for stale in (path, path.with_name(path.name + ".data")):
-        stale.unlink(missing_ok=True)
-
-
 def build_into(builder: Callable[[Path, Path, Any], BuildOutcome], src: Path, dst: Path, ctx: Any) -> Built:
     """Run ``builder(src, tmp, ctx)`` into a temporary name beside ``dst`` and move what it wrote to ``dst`` (a
     stale ``dst`` removed first, a half-written one never left there)."""
-    _remove(dst)
+    remove_model(dst)
     tmp = dst.with_name(f".{dst.stem}.building.onnx")
-    _remove(tmp)
+    remove_model(tmp)
     t0 = time.perf_counter()
     try:
         outcome = builder(src, tmp, ctx)
@@ -87,7 +82,7 @@ def build_into(builder: Callable[[Path, Path, Any], BuildOutcome], src: Path, ds
             raise DiskFull(str(dst.name)) from e
         return Built(dst, None, time.perf_counter() - t0, error=short_error(e))
     finally:
-        _remove(tmp)
+        remove_model(tmp)
     return Built(dst, outcome, time.perf_counter() - t0 - outcome.prove_seconds)
 
 
