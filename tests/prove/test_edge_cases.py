@@ -337,3 +337,60 @@ def test_judge_reports_masks_in_the_detection_group():
     per, *_, ok, problems = cmp.judge(loaded, pairs, FP32)
     assert not ok and per["out_0_masks"]["mask_failed"] == 1
     assert problems == ["out_0_masks: the masks of 1 matched detection(s) differ (lowest IoU 0.000)"]
+
+
+# --------------------------------------------------------------------------- rows float32 cannot decide
+
+
+def _graph(tmp_path: Path, add: float = 0.0) -> Path:
+    """x[2,8] → x + add, computed exactly (the float64 answer of CancelledRow when ``add`` is 0)."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Add", ["x", "c"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+                              [numpy_helper.from_array(np.array(add, np.float32), "c")])
+    path = tmp_path / f"add{add}.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_a_row_float32_cannot_decide_is_left_out_and_said(tmp_path):
+    loaded = _loaded(em.CancelledRow((0,)), ["x:float32[2,8]"], [])
+    res = compare(loaded, _graph(tmp_path), cases=[Case("export", {}, "random", 1)])
+    case = res.cases[0]
+    out = next(iter(case.outputs.values()))
+    assert res.passed and case.passed and out["float32_unreliable_rows"] == [0]
+    assert case.scaled  # a looser judgement: proves no dim
+    assert [d.code for d in res.diagnostics] == ["float32-undecidable"]
+
+
+def test_rows_float32_decides_still_catch_a_wrong_export(tmp_path):
+    loaded = _loaded(em.CancelledRow((0,)), ["x:float32[2,8]"], [])
+    res = compare(loaded, _graph(tmp_path, add=0.01), cases=[Case("export", {}, "random", 1)])
+    assert not res.passed and "max abs error 0.01" in res.cases[0].error
+
+
+def test_a_case_float32_cannot_decide_at_all_stays_failed(tmp_path):
+    loaded = _loaded(em.CancelledRow((0, 1)), ["x:float32[2,8]"], [])
+    res = compare(loaded, _graph(tmp_path), cases=[Case("export", {}, "random", 1)])
+    assert not res.passed
+    assert "float32_unreliable_rows" not in next(iter(res.cases[0].outputs.values()))
+
+
+def test_a_module_run_twice_is_matched_to_its_first_call(tmp_path):
+    """The shared SiLU's scope holds both calls; the head's weights are wrong, so the head is where they part
+    (matching the SiLU's first call to its last node would blame the SiLU)."""
+    from onnxport.prove import localize
+
+    loaded = _loaded(em.SharedActivation(), ["x:float32[batch,8]"], [Dim("batch", 1, 8)])
+    path = export(loaded, tmp_path / "model.onnx", exporter="dynamo").path
+    model = onnx.load(str(path))
+    for init in model.graph.initializer:
+        if "head" in init.name and init.name.endswith("weight"):
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) + 0.5, init.name))
+    onnx.save(model, str(path))
+    div = localize.find(loaded, path, Case("export", {"batch": 2}, "random", 1), FP32)
+    assert div is not None and div.module == "head", div
+    act = [t for t in div.trace if t["module"] == "act"]
+    assert act and act[0]["passed"] and act[0]["method"] == "metadata+value"

@@ -210,8 +210,6 @@ def _proven_within(source: str, inputs: list[str], tmp_path, seconds: float) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="exported in about a minute and proven on 9 of 10 cases; the edge-values case parts at "
-                          "the first resnet's SiLU (error 4.5), not yet explained", strict=False)
 def test_diffusers_unet_exports_and_is_proven(tmp_path):
     """The whole UNet, given as it is: exported, proven at its latent sizes, in a few minutes on 2 cores."""
     pytest.importorskip("diffusers")
@@ -219,6 +217,10 @@ def test_diffusers_unet_exports_and_is_proven(tmp_path):
 
     report = _proven_within(UNET_SOURCE, dm.UNET_INPUTS, tmp_path, 180)
     assert [o["name"] for o in report["export"]["outputs"]] == ["sample_out"]
+    # the edge-values case feeds an all-zero latent in row 0: each one-channel GroupNorm then divides rounding
+    # noise by sqrt(eps), which float32 cannot decide (prove/conditioning.py); row 1 is compared as usual
+    edge = next(c for c in report["validation"]["cases"] if c["label"] == "edge values")
+    assert edge["passed"] and edge["outputs"]["sample_out"]["float32_unreliable_rows"] == [0]
 
 
 @pytest.mark.slow

@@ -66,14 +66,18 @@ def _strip_wrapper(path: str) -> str | None:
 # --------------------------------------------------------------------------- PyTorch side
 
 
-def record_modules(loaded: LoadedModel, inputs: tuple[torch.Tensor, ...]) -> list[tuple[str, str, np.ndarray]]:
-    """(module path, class name, first floating output) for every module call, in completion order."""
+def record_modules(loaded: LoadedModel, inputs: tuple[torch.Tensor, ...],
+                   calls: dict[str, int] | None = None) -> list[tuple[str, str, np.ndarray]]:
+    """(module path, class name, first floating output) of every module's first call, in completion order;
+    ``calls``, when given, is filled with how many times each module ran (a shared activation runs many)."""
     records: list[tuple[str, str, np.ndarray]] = []
     seen: set[str] = set()
     handles = []
 
     def hook_for(path: str):
         def hook(module, args, output):
+            if calls is not None:
+                calls[path] = calls.get(path, 0) + 1
             if path in seen:
                 return
             leaves = [t for t in torch.utils._pytree.tree_leaves(output)
@@ -122,7 +126,8 @@ def find(loaded: LoadedModel, onnx_path: str | Path, case: Case, tolerance: Tole
     """Localize the first diverging module for ``case`` (onnxruntime on ``providers``, default the CPU); None
     when every recorded module matches."""
     inputs = make_inputs(loaded.inputs, case.sizes, case.values, case.seed)
-    records = record_modules(loaded, inputs)
+    calls: dict[str, int] = {}
+    records = record_modules(loaded, inputs, calls)
     modules = dict(loaded.model.named_modules())
     with tempfile.TemporaryDirectory(prefix="onnxport-localize-") as tmp:
         path, producer, scope_of = _expose_all(Path(onnx_path), Path(tmp))
@@ -138,24 +143,30 @@ def find(loaded: LoadedModel, onnx_path: str | Path, case: Case, tolerance: Tole
         if isinstance(v, np.ndarray) and np.issubdtype(v.dtype, np.floating):
             by_shape.setdefault(v.shape, []).append(name)
     last_in_scope: dict[str, str] = {}
+    in_scope: dict[str, list[str]] = {}
     for name, scope in scope_of.items():
         if scope is None or name not in values:
             continue
         parts = scope.split(".") if scope else []
         for i in range(len(parts) + 1):
             last_in_scope[".".join(parts[:i])] = name  # producer order is topological: the last one wins
+            in_scope.setdefault(".".join(parts[:i]), []).append(name)
     trace: list[dict] = []
     divergence: Divergence | None = None
     for path_, cls, ref in records:
         cand = last_in_scope.get(path_)
         method = "metadata"
+        if calls.get(path_, 1) > 1 and path_:
+            # a module run several times (one SiLU shared by a block): its scope holds every call's nodes, the
+            # last of them the last call's — the first call is the value of its shape in that scope closest to it
+            cand = _closest(values, [n for n in in_scope.get(path_, []) if np.shape(values[n]) == ref.shape], ref)
+            method = "metadata+value"
         if cand is None or np.shape(values.get(cand)) != ref.shape:
             method = "value-search"
             pool = by_shape.get(ref.shape, [])
             if not pool:
                 continue
-            cand = min(pool, key=lambda n: float(np.nanmax(np.abs(values[n].astype(np.float64) - ref)))
-                       if values[n].size else 0.0)
+            cand = _closest(values, pool, ref)
         got = values[cand]
         err, _, passed = compare_arrays(ref, np.asarray(got), tolerance)
         node = producer.get(cand)
@@ -168,6 +179,14 @@ def find(loaded: LoadedModel, onnx_path: str | Path, case: Case, tolerance: Tole
     if divergence is None:
         return None
     return replace(divergence, trace=tuple(trace[:200]))
+
+
+def _closest(values: dict[str, np.ndarray], pool: list[str], ref: np.ndarray) -> str | None:
+    """The name in ``pool`` whose value is closest to ``ref`` (max abs difference); None for an empty pool."""
+    if not pool:
+        return None
+    return min(pool, key=lambda n: float(np.nanmax(np.abs(values[n].astype(np.float64) - ref)))
+               if values[n].size else 0.0)
 
 
 def _runtime_failure(message: str, producer: dict[str, onnx.NodeProto], scope_of: dict[str, str | None],

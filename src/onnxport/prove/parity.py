@@ -16,6 +16,7 @@ from onnxport.core.errors import UsageError
 from onnxport.core.records import FP32, CaseResult, DimCheck, Failure, ParityResult, Tolerance
 from onnxport.core.samples import Case, make_inputs, shapes_for, validation_cases
 from onnxport.prove.compare import IndexSource, judge, undefined_positions
+from onnxport.prove.conditioning import unreliable_rows
 from onnxport.prove.references import as_numpy, torch_outputs
 from onnxport.runtime.feeds import FeedMap
 from onnxport.runtime.sessions import session
@@ -64,6 +65,7 @@ def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | N
             hint=_parity_hint(failed, results),
         ))
     diags.extend(_borderline_note(results))
+    diags.extend(_unreliable_note(results))
     for d in checks:
         if d.symbolic and not d.proven and any(r.passed and not r.scaled for r in results):
             diags.append(error(
@@ -73,6 +75,20 @@ def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | N
                 hint="the export probably baked this size into a Reshape or Expand; see the failing cases",
             ))
     return ParityResult(passed, tolerance, tuple(results), checks, tuple(diags))
+
+
+def _unreliable_note(results: list[CaseResult]) -> list[Diagnostic]:
+    """Rows left out because PyTorch's own float32 answer there is outside the tolerance (prove/conditioning.py)."""
+    seen = [(r.label, n, o["float32_unreliable_rows"]) for r in results for n, o in r.outputs.items()
+            if o.get("float32_unreliable_rows")]
+    if not seen:
+        return []
+    where = ", ".join(f"{n} row(s) {rows} in '{label}'" for label, n, rows in seen[:4])
+    return [info("float32-undecidable",
+                 f"{where}: PyTorch's own float32 result is outside the tolerance of the float64 result there "
+                 f"(ill-conditioned input, e.g. a constant image into GroupNorm), so float32 cannot decide them; "
+                 f"those rows were not compared, every other row was",
+                 hint="such a case proves no dim; see docs/diagnostics.md")]
 
 
 def _borderline_note(results: list[CaseResult]) -> list[Diagnostic]:
@@ -114,9 +130,19 @@ def _run_case(loaded: LoadedModel, sess, feed: FeedMap, case: Case, tolerance: T
         pairs = [(n, r, g) for n, r, g in zip(loaded.output_names, ref, got)]
     else:
         return failed(Failure.OUTPUT_COUNT, f"PyTorch returns {len(ref)} outputs, the ONNX model {len(got)}")
-    per_out, worst_abs, worst_rel, ok, problems = judge(
-        loaded, pairs, tolerance, index_sources=index_sources(loaded, inputs, ref),
-        undefined=undefined_outputs(loaded, inputs, pairs), scaled=scaled_up(loaded, case))
+    sources, undefined, scaled = index_sources(loaded, inputs, ref), undefined_outputs(loaded, inputs, pairs), \
+        scaled_up(loaded, case)
+    per_out, worst_abs, worst_rel, ok, problems = judge(loaded, pairs, tolerance, index_sources=sources,
+                                                        undefined=undefined, scaled=scaled)
+    failing = {n for n, rec in per_out.items() if not rec["passed"] and loaded.compare.get(n, "exact") == "exact"}
+    if failing and (unreliable := unreliable_rows(loaded, inputs, pairs, failing, tolerance, scaled)):
+        per_out, worst_abs, worst_rel, ok, problems = judge(
+            loaded, pairs, tolerance, index_sources=sources, scaled=scaled,
+            undefined={n: np.broadcast_to(undefined.get(n, False), shape) | np.broadcast_to(unreliable.get(n, False),
+                                                                                             shape)
+                       for n, r, _ in pairs if n in undefined or n in unreliable for shape in [r.shape]})
+        for n, rows in unreliable.items():
+            per_out[n]["float32_unreliable_rows"] = [int(i) for i in np.flatnonzero(rows)]
     return CaseResult(case.label, shapes, case.values, worst_abs, worst_rel, ok, "; ".join(problems) or None,
                       per_out, time.perf_counter() - t0, failure=None if ok else Failure.MISMATCH)
 
