@@ -6,25 +6,31 @@ import json
 import re
 import shutil
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from onnxport.core.errors import UsageError
 from onnxport.core.onnxfile import external_data_files
+from onnxport.seq2seq.records import FEATURE_EXTRACTOR_FILE, FILES, WITH_PAST_FILE
 from onnxport.serve.models import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_DELAY_MS,
+    SEQ2SEQ_LAYOUT_FILE,
+    read_report,
+    served_file,
     session_options_from_tuned,
 )
 from onnxport.serve.models import signature as read_signature
-from onnxport.serve.triton import config_pbtxt, model_config
+from onnxport.serve.triton import config_pbtxt, model_config, seq2seq_config_pbtxt, seq2seq_model_config
 
 
 def _dns_name(name: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:63] or "model"
 
 
-def inference_service(name: str, *, gpu: bool = False) -> str:
-    """A KServe InferenceService manifest serving the repository with Triton (storageUri is a placeholder)."""
+def inference_service(name: str, *, gpu: bool = False, model_format: str = "onnx") -> str:
+    """A KServe InferenceService manifest serving the repository with Triton (storageUri is a placeholder);
+    ``model_format`` "triton" for a python-backend model."""
     resources = ('        limits:\n          cpu: "2"\n          memory: 2Gi' if not gpu else
                  '        limits:\n          cpu: "2"\n          memory: 4Gi\n          nvidia.com/gpu: "1"')
     return f"""# KServe InferenceService for the Triton model repository written by onnxport.
@@ -38,7 +44,7 @@ spec:
   predictor:
     model:
       modelFormat:
-        name: onnx
+        name: {model_format}
       runtime: kserve-tritonserver
       protocolVersion: v2
       storageUri: s3://YOUR-BUCKET/PATH/TO/REPOSITORY  # placeholder: the repository root
@@ -79,15 +85,12 @@ def _read_out(path: Path) -> tuple[Path, str, dict, dict[str, int], dict]:
         return path, path.stem, {}, {}, {}
     if not path.is_dir():
         raise UsageError(f"{path} does not exist", "pass an onnxport output folder or a .onnx file")
-    onnx_path = path / "best.onnx" if (path / "best.onnx").is_file() else path / "model.onnx"
-    if not onnx_path.is_file():
+    report = read_report(path) or {}
+    onnx_path = served_file(path, report)
+    if onnx_path is None:
         raise UsageError(f"{path} holds no model.onnx", "run 'onnxport export' or 'onnxport convert' first")
     name, options, sizes, variant = path.resolve().name, {}, {}, {}
-    if (path / "report.json").is_file():
-        try:
-            report = json.loads((path / "report.json").read_text(encoding="utf-8"))
-        except ValueError as e:
-            raise UsageError(f"{path / 'report.json'} is not valid JSON: {e}", "re-run onnxport export") from None
+    if report:
         model = report.get("model") or {}
         name = model.get("name") or name
         for symbol, rng in (model.get("dims") or {}).items():
@@ -124,31 +127,91 @@ def triton_repository(out_or_onnx: str | Path, repo_dir: str | Path, *, name: st
             raise UsageError(f"{model_dir} already exists", "pass --force to replace it, or choose another --name")
         if not model_dir.is_dir():
             raise UsageError(f"{model_dir} exists and is not a folder", "remove it or choose another --name")
+    if onnx_path.name == WITH_PAST_FILE and Path(out_or_onnx).is_dir():
+        return _seq2seq_repository(Path(out_or_onnx), onnx_path, name, model_dir, instance_count, gpu,
+                                   options.get("threads"))
     sig = read_signature(onnx_path)
     config = model_config(sig, name, max_batch=max_batch, max_delay_us=int(max_delay_ms * 1000),
                           instance_count=instance_count, gpu=gpu, session_options=options, warmup_sizes=sizes,
                           variant_options=variant)
-    tmp = repo / f".{name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "1").mkdir(parents=True)
+    tmp = _staging(model_dir)
     try:
-        shutil.copy2(onnx_path, tmp / "1" / "model.onnx")
-        for data in external_data_files(onnx_path):
-            if not data.is_file() or not data.resolve().is_relative_to(onnx_path.parent.resolve()):
-                raise UsageError(f"{onnx_path.name} refers to external data {data} that is missing or outside "
-                                 "its folder", "keep the external data files beside the .onnx file")
-            target = tmp / "1" / data.relative_to(onnx_path.parent)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(data, target)
+        _copy_onnx(onnx_path, tmp / "1" / "model.onnx")
         if (onnx_path.parent / "tokenizer").is_dir():  # a decoder's: serve's generate takes text with it
             shutil.copytree(onnx_path.parent / "tokenizer", tmp / "1" / "tokenizer")
         (tmp / "config.pbtxt").write_text(config_pbtxt(config), encoding="utf-8")
         (tmp / "inferenceservice.yaml").write_text(inference_service(name, gpu=gpu), encoding="utf-8")
-        if model_dir.exists():
-            shutil.rmtree(model_dir)
-        tmp.rename(model_dir)
+        _move_in(tmp, model_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     files = tuple(sorted(p for p in model_dir.rglob("*") if p.is_file()))
     return TritonRepository(name, repo, model_dir, model_dir / "config.pbtxt", model_dir / "1" / "model.onnx",
                             model_dir / "inferenceservice.yaml", config["max_batch_size"], files)
+
+
+def _staging(model_dir: Path) -> Path:
+    """A fresh ``.<name>.tmp/1/`` beside ``model_dir``, where the entry is written before it is moved in."""
+    tmp = model_dir.with_name(f".{model_dir.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "1").mkdir(parents=True)
+    return tmp
+
+
+def _move_in(tmp: Path, model_dir: Path) -> None:
+    if model_dir.exists():
+        shutil.rmtree(model_dir)
+    tmp.rename(model_dir)
+
+
+def _copy_onnx(onnx_path: Path, target: Path) -> None:
+    """Copy an ONNX file to ``target`` and its external data files beside it (under the names it refers to)."""
+    shutil.copy2(onnx_path, target)
+    for data in external_data_files(onnx_path):
+        if not data.is_file() or not data.resolve().is_relative_to(onnx_path.parent.resolve()):
+            raise UsageError(f"{onnx_path.name} refers to external data {data} that is missing or outside "
+                             "its folder", "keep the external data files beside the .onnx file")
+        dst = target.parent / data.relative_to(onnx_path.parent)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(data, dst)
+
+
+def _seq2seq_layout(out: Path) -> dict:
+    """report.json's ``seq2seq.layout`` of an encoder-decoder's output folder (UsageError when missing)."""
+    try:
+        layout = (read_report(out) or {})["seq2seq"]["layout"]
+        int(layout["layers"]), int(layout["decoder_start_token_id"]), int(layout["max_length"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise UsageError(f"{out / 'report.json'} records no encoder-decoder layout ({type(e).__name__}: "
+                         f"{str(e)[:120]})", "export the model again with onnxport export/convert") from None
+    return layout
+
+
+def _seq2seq_repository(out: Path, with_past: Path, name: str, model_dir: Path, instance_count: int, gpu: bool,
+                        threads: int | None) -> TritonRepository:
+    """An encoder-decoder's Triton entry: the python backend's ``1/model.py`` (the greedy loop with onnxruntime,
+    :mod:`onnxport.serve.triton_model`) beside its three files (the best variant's when convert chose one),
+    ``1/seq2seq.json`` (the layout), the tokenizer and feature extractor, ``config.pbtxt`` and the manifest."""
+    if gpu:
+        raise UsageError("--gpu does not apply to an encoder-decoder: its python-backend model.py runs onnxruntime "
+                         "on the CPU", "leave --gpu out (or serve it with onnxport serve OUT/)")
+    layout = _seq2seq_layout(out)
+    config = seq2seq_model_config(layout, name, instance_count=instance_count, threads=threads)
+    tmp = _staging(model_dir)
+    try:
+        for file in FILES:
+            _copy_onnx(with_past.parent / file, tmp / "1" / file)
+        (tmp / "1" / "model.py").write_text(resources.files("onnxport.serve").joinpath("triton_model.py")
+                                            .read_text(encoding="utf-8"), encoding="utf-8")
+        (tmp / "1" / SEQ2SEQ_LAYOUT_FILE).write_text(json.dumps(layout, indent=2) + "\n", encoding="utf-8")
+        if (out / "tokenizer").is_dir():  # serve REPO's generate takes text with it
+            shutil.copytree(out / "tokenizer", tmp / "1" / "tokenizer")
+        if (out / FEATURE_EXTRACTOR_FILE).is_file():  # ... and audio with this
+            shutil.copy2(out / FEATURE_EXTRACTOR_FILE, tmp / "1" / FEATURE_EXTRACTOR_FILE)
+        (tmp / "config.pbtxt").write_text(seq2seq_config_pbtxt(config, layout), encoding="utf-8")
+        (tmp / "inferenceservice.yaml").write_text(inference_service(name, model_format="triton"), encoding="utf-8")
+        _move_in(tmp, model_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    files = tuple(sorted(p for p in model_dir.rglob("*") if p.is_file()))
+    return TritonRepository(name, model_dir.parent, model_dir, model_dir / "config.pbtxt",
+                            model_dir / "1" / "model.py", model_dir / "inferenceservice.yaml", 0, files)

@@ -25,7 +25,7 @@ def refuse_for_decoder(options: Options) -> None:
                ("--tokenizer/--preprocess", proof.tokenizer is not None or proof.preprocess is not None,
                 "they read --samples"),
                ("--device cuda", options.runtime.device != "cpu", "its proof and variants run on the CPU today"),
-               (_bench_label(bench, options.optimize.seq), _bench_label(bench, options.optimize.seq) is not None,
+               (bench_label(bench, options.optimize.seq), bench_label(bench, options.optimize.seq) is not None,
                 "its variants are timed by decode tokens/s in convert; benchmarks/decoder.py times PyTorch beside "
                 "them"),
                (f"--seq {options.optimize.seq}", (options.optimize.seq or 0) >= (ex.max_length or MAX_LENGTH),
@@ -40,8 +40,9 @@ _BENCH_FLAGS = {"batches": "--batch", "seq_lens": "--seq", "max_seconds": "--sec
                 "compile": "--compile", "io_binding": "--io-binding", "onnx_files": "MODEL.onnx files"}
 
 
-def _bench_label(bench: BenchOptions | None, seq: int | None) -> str | None:
-    """None when ``bench`` asks for no more than convert's short benchmark (whose only part a decoder takes is
+def bench_label(bench: BenchOptions | None, seq: int | None) -> str | None:
+    """The benchmark options a model exported with its cache cannot take, named for a refusal: None when
+    ``bench`` asks for no more than convert's short benchmark (whose only part a decoder takes is
     ``threads``, the threads its variants are timed with; ``seq_lens`` (--seq,) is the timed prompt), else the
     benchmark named with the options that ask for more."""
     if bench is None:

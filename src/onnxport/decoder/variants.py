@@ -230,7 +230,10 @@ def _fuse_transformers(src: Path, dst: Path, layout: CacheLayout) -> str:
     return f"onnxruntime.transformers.optimizer (model_type {kind})"
 
 
-def _fuse_offline(src: Path, dst: Path, layout: CacheLayout) -> str:
+def fuse_offline(src: Path, dst: Path, layout: CacheLayout | None) -> str:
+    """Write ``src`` optimized by onnxruntime's offline graph optimizations (extended level, CPU: no layout
+    changes) to ``dst`` (external data beside it for a large file); the tool's name. ``layout`` is not read
+    (the signature of a fusion stage)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -243,7 +246,7 @@ def _fuse_offline(src: Path, dst: Path, layout: CacheLayout) -> str:
 
 
 FUSION_STAGES: tuple[Callable[[Path, Path, CacheLayout], str], ...] = (
-    _fuse_onnxscript, _fuse_transformers, _fuse_offline)
+    _fuse_onnxscript, _fuse_transformers, fuse_offline)
 STAGE_NAMES = ("onnxscript ort_fusions", "onnxruntime.transformers.optimizer", "onnxruntime offline optimization")
 
 

@@ -86,7 +86,19 @@ def seq2seq_layout(model: nn.Module, max_length: int, max_source: int) -> Seq2Se
     hidden = int(getattr(config, "d_model", 0) or getattr(config, "hidden_size", 0) or 0)
     layers, heads, head_dim = _probe(model, arch, speech, mel_bins, frames, hidden, start)
     return Seq2SeqLayout(arch, str(getattr(config, "model_type", "")), layers, heads, head_dim, hidden, vocab, start,
-                         max_length, frames // 2 if speech else max_source, speech, mel_bins, frames)
+                         max_length, frames // 2 if speech else max_source, speech, mel_bins, frames,
+                         _eos(model, config))
+
+
+def _eos(model: nn.Module, config) -> int | None:
+    """The end-of-sequence token ``model.generate`` stops at (the generation config's, else the config's; the
+    first of several)."""
+    for owner in (getattr(model, "generation_config", None), config):
+        eos = getattr(owner, "eos_token_id", None)
+        eos = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
+        if isinstance(eos, int) and not isinstance(eos, bool):
+            return eos
+    return None
 
 
 def _probe(model, arch, speech, mel_bins, frames, hidden, start) -> tuple[int, int, int]:

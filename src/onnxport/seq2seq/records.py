@@ -4,7 +4,7 @@ the decoder's :class:`~onnxport.decoder.records.GenerationCheck`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from onnxport.core.records import Tolerance
@@ -14,6 +14,7 @@ ENCODER_FILE = "encoder_model.onnx"
 DECODER_FILE = "decoder_model.onnx"
 WITH_PAST_FILE = "decoder_with_past_model.onnx"
 FILES = (ENCODER_FILE, DECODER_FILE, WITH_PAST_FILE)
+FEATURE_EXTRACTOR_FILE = "preprocessor_config.json"  # Whisper's feature extractor (log-mel from 16 kHz audio)
 KINDS = ("decoder", "encoder")  # self-attention cache, cross-attention cache
 
 
@@ -37,6 +38,16 @@ class Seq2SeqLayout:
     speech: bool = False
     mel_bins: int = 0
     frames: int = 0  # speech: the one input length the encoder takes
+    eos_token: int | None = None  # the generation config's end-of-sequence token (its first, when it names several)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Seq2SeqLayout:
+        """The layout :meth:`to_dict` wrote (report.json's ``seq2seq.layout``); keys it does not know are left
+        out. A missing or malformed field is a TypeError, KeyError or ValueError."""
+        names = {f.name for f in fields(cls)} - {"start_token", "eos_token"}
+        eos = data.get("eos_token_id")
+        return cls(**{k: v for k, v in data.items() if k in names}, start_token=int(data["decoder_start_token_id"]),
+                   eos_token=int(eos) if eos is not None else None)
 
     @property
     def encoder_inputs(self) -> tuple[str, ...]:
@@ -75,7 +86,7 @@ class Seq2SeqLayout:
                 "heads": self.heads, "head_dim": self.head_dim, "hidden": self.hidden, "vocab": self.vocab,
                 "decoder_start_token_id": self.start_token, "max_length": self.max_length,
                 "max_source": self.max_source, "speech": self.speech, "mel_bins": self.mel_bins or None,
-                "frames": self.frames or None, "files": list(FILES)}
+                "frames": self.frames or None, "eos_token_id": self.eos_token, "files": list(FILES)}
 
 
 @dataclass(frozen=True)

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any
 
 from onnxport import rootcause
 from onnxport.core.diagnostics import Diagnostic, info
 from onnxport.core.errors import UsageError
 from onnxport.core.options import Options
-from onnxport.decoder.applies import _bench_label
+from onnxport.decoder.applies import bench_label
 from onnxport.decoder.records import DecoderVariants
 from onnxport.decoder.tokenizer import save_tokenizer
 from onnxport.seq2seq.flow import MAX_LENGTH, run_model
 from onnxport.seq2seq.outcome import to_outcome
 from onnxport.seq2seq.prove import NEW_TOKENS
+from onnxport.seq2seq.records import FEATURE_EXTRACTOR_FILE
 from onnxport.seq2seq.variants import variant_names
 
 
@@ -30,13 +33,24 @@ def variants_info(made: DecoderVariants) -> Diagnostic:
                 f"{base.decode_tok_s:.1f}{rest}")
 
 
+def save_feature_extractor(model_dir: str | Path, out: str | Path) -> Path | None:
+    """Copy the speech model's ``preprocessor_config.json`` (Whisper's feature extractor) from its local folder
+    to ``out`` (None when it has none), so that a server can turn audio into the encoder's log-mel features."""
+    src = Path(model_dir) / FEATURE_EXTRACTOR_FILE
+    if not src.is_file():
+        return None
+    dst = Path(out) / FEATURE_EXTRACTOR_FILE
+    shutil.copyfile(src, dst)
+    return dst
+
+
 def checked(options: Options) -> Options:
     """``options`` when an encoder-decoder exported with its cache takes them all (opset, tolerance, max length,
     remote code, custom-op libraries, the variants, --budget, --threads); each other one is a UsageError naming
     why."""
     load, ex, proof, opt = options.load, options.export, options.proof, options.optimize
     variant_names(opt.variants)  # an unknown name is a UsageError before the load
-    bench = _bench_label(options.bench, None)
+    bench = bench_label(options.bench, None)
     refused = [("--dim", bool(load.dims), "its lengths are set by --max-length and the model's positions"),
                ("--compare", bool(load.compare), "its proof compares logits and the caches, then generation"),
                ("--model-args", load.model_args is not None, "hf:DIR is built from its own config.json"),
@@ -61,7 +75,8 @@ def checked(options: Options) -> Options:
 def stage(run: Any) -> Any:
     """An encoder-decoder (``run``: the pipeline's Run): ``encoder_model.onnx``, ``decoder_model.onnx`` and
     ``decoder_with_past_model.onnx`` with the cache, proven step by step and by greedy generation against
-    ``model.generate`` (:mod:`onnxport.seq2seq`); the tokenizer copied beside them."""
+    ``model.generate`` (:mod:`onnxport.seq2seq`); the tokenizer (and a speech model's feature extractor) copied
+    beside them."""
     o = run.options
     max_length = o.export.max_length or MAX_LENGTH
     made = run_model(run.loaded.model, run.out, opset=o.export.opset, tolerance=o.proof.tolerance,
@@ -72,6 +87,8 @@ def stage(run: Any) -> Any:
     if save_tokenizer(run.loaded.source.split(":", 1)[1], run.out) is not None:  # generate takes and gives text
         diags.append(info("tokenizer-copied", "the model's tokenizer is in tokenizer/: serve's generate "
                                               "endpoint takes and returns text"))
+    if made.layout.speech:  # generate takes audio with it
+        save_feature_extractor(run.loaded.source.split(":", 1)[1], run.out)
     if made.variants is not None:
         diags.append(variants_info(made.variants))
     outcome = to_outcome(made, run.loaded, o.command, diags, run.timings).but(log=o.log_name)

@@ -20,7 +20,7 @@ from onnxport.core.logs import Progress, noop
 from onnxport.core.onnxfile import copy_model, file_bytes
 from onnxport.core.records import FP32, Tolerance
 from onnxport.decoder.records import DecoderVariant, DecoderVariants
-from onnxport.decoder.variants import _fuse_offline, build_nbits
+from onnxport.decoder.variants import build_nbits, fuse_offline
 from onnxport.optimize.context import Skip
 from onnxport.optimize.gates import GATES
 from onnxport.optimize.registry import BASELINE
@@ -54,7 +54,7 @@ def _build(name: str, src: Path, dst: Path) -> tuple[str, ...]:
     """One file of variant ``name``; a file the pass has nothing to do in is copied as it is."""
     try:
         if name == "fused":
-            return (f"{src.name}: {_fuse_offline(src, dst, None)}",)
+            return (f"{src.name}: {fuse_offline(src, dst, None)}",)
         return tuple(f"{src.name}: {note}" for note in build_nbits(src, dst, 8))
     except Skip as e:
         copy_model(src, dst)

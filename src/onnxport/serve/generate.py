@@ -1,16 +1,16 @@
-"""Triton's generate extension for decoders served with their KV cache: ``POST /v2/models/{m}/generate`` (one
-JSON answer) and ``.../generate_stream`` (server-sent events, one per token, then a final one). Text in and out
-when the model folder has a ``tokenizer/``, token ids (``input_ids`` in, ``output_ids`` out) always."""
+"""Triton's generate extension for decoders and encoder-decoders served with their cache: ``POST
+/v2/models/{m}/generate`` (one JSON answer) and ``.../generate_stream`` (server-sent events, one per token, then
+a final one). Text in and out when the model folder has a ``tokenizer/``, token ids (``input_ids`` in,
+``output_ids`` out) always; a speech model (Whisper) takes ``input_features`` or ``audio`` (:mod:`.speech`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +23,9 @@ from onnxport.seq2seq.generation import Sessions, open_sessions
 from onnxport.seq2seq.generation import check_room as seq2seq_room
 from onnxport.seq2seq.generation import stream_greedy as seq2seq_stream
 from onnxport.seq2seq.records import FILES, WITH_PAST_FILE, Seq2SeqLayout
-from onnxport.serve.models import Signature
+from onnxport.serve.models import Signature, output_folder
 from onnxport.serve.protocol import BadRequest
+from onnxport.serve.speech import load_feature_extractor, log_mel, speech_source
 
 DEFAULT_MAX_LENGTH = 128  # the export's default --max-length, for a decoder served without its report.json
 DEFAULT_MAX_TOKENS = 16
@@ -63,16 +64,19 @@ class Generator:
 
 @dataclass(frozen=True)
 class GenerateRequest:
-    """A checked generate request: the prompt's token ids and how many to generate."""
+    """A checked generate request: the prompt's token ids (a speech model: its features or audio, ``source``)
+    and how many to generate."""
 
     id: str | None
     input_ids: tuple[int, ...]
     max_tokens: int
     ignore_eos: bool
+    source: np.ndarray | None = field(default=None, compare=False, repr=False)  # speech: features or audio
 
     def to_dict(self) -> dict:
+        shape = None if self.source is None else list(self.source.shape)
         return {"id": self.id, "input_ids": list(self.input_ids), "max_tokens": self.max_tokens,
-                "ignore_eos": self.ignore_eos}
+                "ignore_eos": self.ignore_eos, **({"source_shape": shape} if shape else {})}
 
 
 def decoder_layout(sig: Signature, report_layout: object = None) -> CacheLayout | None:
@@ -181,12 +185,14 @@ def parse_request(body: object, gen: Generator, model: str) -> GenerateRequest:
     if request_id is not None and not isinstance(request_id, str):
         raise BadRequest("'id' must be a string")
     max_tokens, ignore_eos = _parameters(body.get("parameters"))
-    ids = _prompt(body, gen, model)
+    speech = isinstance(gen, Seq2SeqGenerator) and gen.layout.speech
+    source = speech_source(body, gen.layout, gen.extractor, model) if speech else None
+    ids = () if speech else _prompt(body, gen, model)
     try:
-        gen.check_room(len(ids), max_tokens)
+        gen.check_room(1 if speech else len(ids), max_tokens)
     except UsageError as e:
         raise BadRequest(f"{e.message}: {e.hint}") from None
-    return GenerateRequest(request_id, ids, max_tokens, ignore_eos)
+    return GenerateRequest(request_id, ids, max_tokens, ignore_eos, source)
 
 
 class TextPieces:
@@ -219,7 +225,7 @@ class TextPieces:
 def tokens(sess, gen: Generator, req: GenerateRequest) -> Iterator[int]:
     """The generated token ids, one at a time; the end-of-sequence token ends it unseen unless ``ignore_eos``."""
     eos = None if req.ignore_eos else gen.eos_token_id
-    ids = np.asarray([req.input_ids], np.int64)
+    ids = np.asarray([req.input_ids], np.int64) if req.source is None else req.source
     for step in gen.stream(sess, ids, req.max_tokens, eos):
         token = int(step[0])
         if token == eos:
@@ -315,10 +321,21 @@ async def generate_stream(sess, gen: Generator, req: GenerateRequest, model: str
 
 @dataclass(frozen=True)
 class Seq2SeqGenerator(Generator):
-    """A text-to-text encoder-decoder served from its three files: the prompt is the source, the answer the
-    decoder's greedy tokens (``layout``: a :class:`~onnxport.seq2seq.Seq2SeqLayout`)."""
+    """An encoder-decoder served from its three files (``layout``: a :class:`~onnxport.seq2seq.Seq2SeqLayout`):
+    the prompt is the source (text or token ids; a speech model's log-mel features or audio, turned into
+    features by ``extractor``), the answer the decoder's greedy tokens from ``decoder_start_token_id``."""
 
     sessions: Sessions | None = None
+    extractor: object | None = None  # speech: Whisper's feature extractor, when the folder has one
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The end-of-sequence token ``model.generate`` stops at (recorded by the export), else the tokenizer's."""
+        eos = getattr(self.layout, "eos_token", None)
+        return eos if isinstance(eos, int) else super().eos_token_id
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "feature_extractor": self.extractor is not None}
 
     def check_room(self, prompt: int, new_tokens: int) -> None:
         if prompt < 1:
@@ -329,22 +346,27 @@ class Seq2SeqGenerator(Generator):
         seq2seq_room(self.layout, new_tokens)
 
     def stream(self, sess, ids: np.ndarray, max_tokens: int, eos: int | None) -> Iterator[np.ndarray]:
-        return seq2seq_stream(self.sessions, self.layout, [ids, np.ones_like(ids)], max_tokens, eos)
+        """Greedy tokens for the source ``ids`` [1, n] (speech: features [1, mel_bins, frames], or audio [n])."""
+        if not self.layout.speech:
+            return seq2seq_stream(self.sessions, self.layout, [ids, np.ones_like(ids)], max_tokens, eos)
+        features = log_mel(self.extractor, ids) if ids.ndim == 1 else ids
+        return seq2seq_stream(self.sessions, self.layout, [features], max_tokens, eos)
 
 
 def seq2seq_generator(sig: Signature, onnx_path: Path, report_layout: object = None) -> Seq2SeqGenerator | None:
     """The generator of ``decoder_with_past_model.onnx`` served beside ``encoder_model.onnx`` and
-    ``decoder_model.onnx``, with report.json's ``seq2seq.layout`` (None for any other model, and for speech:
-    generate takes text or token ids)."""
+    ``decoder_model.onnx`` (the proven files, or a variant's in ``variants/<name>/``), with report.json's
+    ``seq2seq.layout`` (None for any other model); the tokenizer, and a speech model's feature extractor, come
+    from the output folder."""
     names = {t.name for t in sig.inputs}
     if not isinstance(report_layout, dict) or "past_key_values.0.decoder.key" not in names:
         return None
-    fields = {f.name for f in dataclasses.fields(Seq2SeqLayout)}
-    kw = {k: v for k, v in report_layout.items() if k in fields}
     try:
-        layout = Seq2SeqLayout(**kw, start_token=int(report_layout["decoder_start_token_id"]))
+        layout = Seq2SeqLayout.from_dict(report_layout)
     except (TypeError, KeyError, ValueError):
         return None
-    if layout.speech or onnx_path.name != WITH_PAST_FILE or not all((onnx_path.parent / n).is_file() for n in FILES):
+    if onnx_path.name != WITH_PAST_FILE or not all((onnx_path.parent / n).is_file() for n in FILES):
         return None
-    return Seq2SeqGenerator(layout, load_tokenizer(onnx_path.parent), open_sessions(onnx_path.parent))
+    folder = output_folder(onnx_path)
+    extractor = load_feature_extractor(folder, layout) if layout.speech else None
+    return Seq2SeqGenerator(layout, load_tokenizer(folder), open_sessions(onnx_path.parent), extractor)

@@ -12,6 +12,7 @@ from typing import Any
 from onnxport.core.errors import UsageError
 from onnxport.prove.check import check
 from onnxport.runtime.sessions import OPT_LEVELS
+from onnxport.seq2seq.records import FILES, WITH_PAST_FILE
 
 # numpy dtype name -> Open Inference Protocol datatype
 OIP_DATATYPES = {
@@ -25,6 +26,8 @@ NUMPY_DTYPES = {v: k for k, v in OIP_DATATYPES.items() if k not in ("object", "s
 DEFAULT_MAX_BATCH = 32
 DEFAULT_MAX_DELAY_MS = 2.0
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+VARIANTS_DIR = "variants"  # OUT/variants/<name>/: convert's optimized variants
+SEQ2SEQ_LAYOUT_FILE = "seq2seq.json"  # an encoder-decoder's layout beside its python-backend model.py (triton)
 
 
 @dataclass(frozen=True)
@@ -145,25 +148,33 @@ def session_options_from_tuned(tuned: Any) -> dict:
     return out
 
 
-def _from_output_folder(out: Path) -> ModelSource:
-    onnx_path = out / "best.onnx" if (out / "best.onnx").is_file() else out / "model.onnx"
-    onnx_path = _seq2seq_file(out) or onnx_path
-    name, options, layout, proven, constrained = out.resolve().name, {}, None, None, None  # named after the folder: `serve out/minilm` is "minilm"
+def read_report(out: Path) -> dict | None:
+    """``out/report.json`` of an output folder (None when there is none, or it holds no object); invalid JSON is
+    a UsageError."""
     report_path = out / "report.json"
-    if report_path.is_file():
-        try:
-            report = json.loads(report_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise UsageError(f"{report_path} is not valid JSON: {e}", "re-run onnxport export/convert") from None
-        bench = report.get("benchmark") if isinstance(report, dict) else None
+    if not report_path.is_file():
+        return None
+    try:
+        report = json.loads(report_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{report_path} is not valid JSON: {e}", "re-run onnxport export/convert") from None
+    return report if isinstance(report, dict) else None
+
+
+def _from_output_folder(out: Path) -> ModelSource:
+    report = read_report(out)
+    onnx_path = served_file(out, report) or out / "model.onnx"
+    name, options, layout, proven, constrained = out.resolve().name, {}, None, None, None  # named after the folder: `serve out/minilm` is "minilm"
+    if report is not None:
+        bench = report.get("benchmark")
         if isinstance(bench, dict):
             options = session_options_from_tuned(bench.get("tuned"))
-        decoder = report.get("decoder") or report.get("seq2seq") if isinstance(report, dict) else None
+        decoder = report.get("decoder") or report.get("seq2seq")
         layout = decoder.get("layout") if isinstance(decoder, dict) else None
-        best = report.get("best") if isinstance(report, dict) else None
+        best = report.get("best")
         proven = best.get("session_options") if isinstance(best, dict) and onnx_path.name == "best.onnx" else None
         constrained = _constrained_dims(report)
-    note = _not_batch_invariant(report if report_path.is_file() else None, onnx_path.name)
+    note = _not_batch_invariant(report, onnx_path.name)
     return ModelSource(_model_name(name), "1", onnx_path, session_options=options,
                        max_batch=1 if note else None, batching_off=note,
                        decoder_layout=layout if isinstance(layout, dict) else None,
@@ -171,13 +182,36 @@ def _from_output_folder(out: Path) -> ModelSource:
                        constrained_dims=constrained)
 
 
-def _seq2seq_file(out: Path) -> Path | None:
-    """An encoder-decoder's output folder (docs/seq2seq.md) is served by its decoder with past, the file every
-    generated token runs; the encoder and the first step are opened beside it by the generate extension."""
-    if (out / "model.onnx").is_file() or (out / "best.onnx").is_file():
+def served_file(out: Path, report: object = None) -> Path | None:
+    """The file ``serve OUT/`` and ``triton OUT/`` take from an output folder (None when it holds none):
+    ``best.onnx`` (the best variant convert chose, copied there), else ``model.onnx``. An encoder-decoder's
+    folder (docs/seq2seq.md) is served by its decoder with past, the file every generated token runs (the
+    encoder and the first step are opened beside it): the one in ``variants/<name>/`` when report.json's
+    ``seq2seq.variants.best`` names a variant whose three files are there, else the proven one."""
+    for name in ("best.onnx", "model.onnx"):
+        if (out / name).is_file():
+            return out / name
+    proven = out / WITH_PAST_FILE  # an unproven export keeps *.unverified.onnx names
+    if not proven.is_file():
         return None
-    path = out / "decoder_with_past_model.onnx"  # proven (an unproven export keeps *.unverified.onnx names)
-    return path if path.is_file() else None
+    return _seq2seq_best(out, report) or proven
+
+
+def _seq2seq_best(out: Path, report: object) -> Path | None:
+    section = report.get("seq2seq") if isinstance(report, dict) else None
+    variants = section.get("variants") if isinstance(section, dict) else None
+    best = variants.get("best") if isinstance(variants, dict) else None
+    if not isinstance(best, str) or best == "export" or _model_name(best) != best:
+        return None
+    folder = out / VARIANTS_DIR / best
+    return folder / WITH_PAST_FILE if all((folder / f).is_file() for f in FILES) else None
+
+
+def output_folder(path: Path) -> Path:
+    """The output folder a served file belongs to (where its tokenizer and report are): its own folder, or
+    ``OUT`` for a variant's file in ``OUT/variants/<name>/``."""
+    parent = Path(path).parent
+    return parent.parent.parent if parent.parent.name == VARIANTS_DIR else parent
 
 
 def _constrained_dims(report: Any) -> dict | None:
@@ -225,6 +259,8 @@ def _config_parameter(text: str, key: str) -> str | None:
 def _from_repository_entry(entry: Path) -> ModelSource | None:
     config_path = entry / "config.pbtxt"
     text = config_path.read_text(encoding="utf-8") if config_path.is_file() else ""
+    if _config_value(text, "backend") == "python" and (found := _seq2seq_entry(entry, text)) is not None:
+        return found
     filename = _config_value(text, "default_model_filename") or "model.onnx"
     versions = sorted((int(v.name) for v in entry.iterdir()
                        if v.is_dir() and v.name.isdigit() and (v / filename).is_file()), reverse=True)
@@ -257,6 +293,24 @@ def _from_repository_entry(entry: Path) -> ModelSource | None:
                        session_options=options, proven_options=proven)
 
 
+def _seq2seq_entry(entry: Path, text: str) -> ModelSource | None:
+    """A python-backend entry ``onnxport triton`` wrote for an encoder-decoder (its newest version folder holds
+    the three files and ``seq2seq.json``): served by its decoder with past, with generate."""
+    versions = sorted((int(v.name) for v in entry.iterdir() if v.is_dir() and v.name.isdigit()
+                       and (v / SEQ2SEQ_LAYOUT_FILE).is_file() and all((v / f).is_file() for f in FILES)), reverse=True)
+    if not versions:
+        return None
+    folder = entry / str(versions[0])
+    try:
+        layout = json.loads((folder / SEQ2SEQ_LAYOUT_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{folder / SEQ2SEQ_LAYOUT_FILE} is not valid JSON: {e}", "run onnxport triton again") from None
+    threads = _config_parameter(text, "intra_op_thread_count")
+    return ModelSource(_config_value(text, "name") or entry.name, str(versions[0]), folder / WITH_PAST_FILE,
+                       session_options={"threads": int(threads)} if threads and threads.isdigit() and int(threads)
+                       else {}, decoder_layout=layout if isinstance(layout, dict) else None)
+
+
 def discover(path: str | Path, name: str | None = None) -> list[ModelSource]:
     """The models under PATH: an onnxport output folder (the model is named after the folder), a single
     .onnx file (named after the file) or a Triton-style repository (named after its entries). ``name``
@@ -278,7 +332,7 @@ def _discover(path: Path) -> list[ModelSource]:
         return [ModelSource(_model_name(path.stem), "1", path)]
     if not path.is_dir():
         raise UsageError(f"{path} does not exist", "pass an onnxport output folder, a .onnx file or a repository")
-    if (path / "best.onnx").is_file() or (path / "model.onnx").is_file() or _seq2seq_file(path):
+    if served_file(path) is not None:
         return [_from_output_folder(path)]
     sources = [s for entry in sorted(path.iterdir()) if entry.is_dir() and (s := _from_repository_entry(entry))]
     if not sources:

@@ -186,3 +186,36 @@ def config_pbtxt(config: dict) -> str:
                  "# and optionally let TensorRT run the model (onnxport triton --gpu writes this):",
                  '# optimization { execution_accelerators { gpu_execution_accelerator : [ { name : "tensorrt" } ] } }']
     return "\n".join(notes + text) + "\n"
+
+
+def seq2seq_model_config(layout: dict, name: str, *, instance_count: int = 1, threads: int | None = None) -> dict:
+    """Triton's configuration (JSON form) of an encoder-decoder served by the python backend (``model.py``, the
+    greedy loop over its three files with onnxruntime): ``layout`` is report.json's ``seq2seq.layout``.
+    ``max_batch_size`` is 0: every tensor carries its batch as its first dim."""
+    if layout.get("speech"):
+        inputs = [{"name": "input_features", "data_type": _Enum("TYPE_FP32"),
+                   "dims": [-1, int(layout["mel_bins"]), int(layout["frames"])]}]
+    else:
+        inputs = [{"name": "input_ids", "data_type": _Enum("TYPE_INT64"), "dims": [-1, -1]},
+                  {"name": "attention_mask", "data_type": _Enum("TYPE_INT64"), "dims": [-1, -1], "optional": True}]
+    inputs.append({"name": "max_tokens", "data_type": _Enum("TYPE_INT32"), "dims": [1], "optional": True})
+    return {"name": name, "backend": "python", "max_batch_size": 0,
+            "input": inputs, "output": [{"name": "output_ids", "data_type": _Enum("TYPE_INT64"), "dims": [-1, -1]}],
+            "instance_group": [{"count": instance_count, "kind": _Enum("KIND_CPU")}],
+            "parameters": {"intra_op_thread_count": {"string_value": str(threads or 0)}}}
+
+
+def seq2seq_config_pbtxt(config: dict, layout: dict) -> str:
+    """Render :func:`seq2seq_model_config` as config.pbtxt, with comments on the generation loop it runs."""
+    source = ("input_features FP32 [batch, mel_bins, frames] (Whisper's log-mel)" if layout.get("speech") else
+              "input_ids INT64 [batch, source] and optionally attention_mask (1 = token, 0 = right padding)")
+    notes = ["# Triton Inference Server model configuration written by onnxport: an encoder-decoder served by the",
+             "# python backend. 1/model.py runs the greedy loop with onnxruntime over 1/encoder_model.onnx (once per",
+             "# source), 1/decoder_model.onnx (the first step, on decoder_start_token_id "
+             f"{layout.get('decoder_start_token_id')}) and",
+             "# 1/decoder_with_past_model.onnx (one step per token, on the cache); 1/seq2seq.json is the layout.",
+             f"# In: {source}; max_tokens INT32 [1] (default 16, at most {layout.get('max_length')}).",
+             "# Out: output_ids INT64 [batch, steps], the greedy tokens after the start token, up to and including",
+             f"# the end-of-sequence token {layout.get('eos_token_id')} (rows that ended early are filled with it).",
+             "# The python backend needs numpy and onnxruntime in its environment (pip install onnxruntime)."]
+    return "\n".join(notes + _pbtxt(config)) + "\n"

@@ -1,0 +1,133 @@
+"""A Triton Inference Server python-backend model for an encoder-decoder exported by onnxport (docs/seq2seq.md):
+the greedy loop over ``encoder_model.onnx``, ``decoder_model.onnx`` and ``decoder_with_past_model.onnx`` with
+onnxruntime. ``onnxport triton OUT/ --repo R`` copies this file to ``R/<name>/1/model.py`` beside the three files
+and ``seq2seq.json`` (the layout the export recorded). It imports numpy, onnxruntime and the backend's
+``triton_python_backend_utils`` only, so that it runs in Triton's python backend without onnxport; onnxport
+itself never imports it.
+
+Inputs (``max_batch_size: 0``: the batch is the first dim of each tensor): ``input_ids`` INT64 [batch, source]
+and the optional ``attention_mask`` INT64 [batch, source] (1 for tokens, 0 for right padding) of a text model,
+or ``input_features`` FP32 [batch, mel_bins, frames] of Whisper; the optional ``max_tokens`` INT32 [1] (default
+16). Output: ``output_ids`` INT64 [batch, steps], the greedy tokens after ``decoder_start_token_id`` (the
+end-of-sequence token included; a row that ended before the others is filled with it), as
+``model.generate(do_sample=False)`` returns them without the start token."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+
+LAYOUT_FILE = "seq2seq.json"
+FILES = ("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx")
+DEFAULT_MAX_TOKENS = 16
+
+
+def _names(layers: int, prefix: str, kinds: tuple[str, ...] = ("decoder", "encoder")) -> list[str]:
+    return [f"{prefix}.{i}.{kind}.{kv}" for i in range(layers) for kind in kinds for kv in ("key", "value")]
+
+
+def greedy(sessions: list, layout: dict, feeds: dict, max_tokens: int) -> np.ndarray:
+    """[batch, steps] greedy tokens: the encoder once, the first decoder step on the start token, then one step
+    per token on the cache; stops after the step where every row has produced the end-of-sequence token."""
+    encoder, first, with_past = sessions
+    layers, eos = int(layout["layers"]), layout.get("eos_token_id")
+    (states,) = encoder.run(["last_hidden_state"], feeds)
+    masks = {} if layout.get("speech") else {"encoder_attention_mask": feeds["attention_mask"]}
+    ids = np.full((states.shape[0], 1), int(layout["decoder_start_token_id"]), np.int64)
+    logits, *presents = first.run(["logits", *_names(layers, "present")],
+                                  {"input_ids": ids, "encoder_hidden_states": states, **masks})
+    own = [presents[4 * i + k] for i in range(layers) for k in (0, 1)]
+    cross = [presents[4 * i + k] for i in range(layers) for k in (2, 3)]
+    done = np.zeros(states.shape[0], bool)
+    steps = []
+    for step in range(max_tokens):
+        if step:
+            cache = [t for i in range(layers) for t in (own[2 * i], own[2 * i + 1], cross[2 * i], cross[2 * i + 1])]
+            logits, *own = with_past.run(["logits", *_names(layers, "present", ("decoder",))],
+                                         {"input_ids": ids, **masks, **dict(zip(_names(layers, "past_key_values"),
+                                                                               cache))})
+        token = logits[:, -1].argmax(-1).astype(np.int64)
+        if eos is not None:
+            token = np.where(done, int(eos), token)
+            done |= token == int(eos)
+        steps.append(token)
+        if eos is not None and done.all():
+            break
+        ids = token[:, None]
+    return np.stack(steps, axis=1)
+
+
+def _tensor(request, name: str) -> np.ndarray | None:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy()
+
+
+def encoder_feeds(layout: dict, request) -> dict:
+    """The encoder's feeds from a request; ValueError naming what is wrong."""
+    if layout.get("speech"):
+        features = _tensor(request, "input_features")
+        want = [int(layout["mel_bins"]), int(layout["frames"])]
+        if features is None or features.ndim != 3 or list(features.shape[1:]) != want or not features.shape[0]:
+            got = None if features is None else list(features.shape)
+            raise ValueError(f"input_features must be FP32 [batch, {want[0]}, {want[1]}], got {got}")
+        if not np.isfinite(features).all():
+            raise ValueError("input_features holds a value that is not a finite number")
+        return {"input_features": features.astype(np.float32)}
+    ids = _tensor(request, "input_ids")
+    if ids is None or ids.ndim != 2 or 0 in ids.shape:
+        raise ValueError(f"input_ids must be INT64 [batch, source], got {None if ids is None else list(ids.shape)}")
+    if ids.shape[1] > int(layout["max_source"]):
+        raise ValueError(f"a source of {ids.shape[1]} tokens exceeds the maximum of {layout['max_source']}")
+    vocab = int(layout.get("vocab") or 0)
+    if ids.min() < 0 or (vocab and ids.max() >= vocab):
+        raise ValueError(f"input_ids holds a token id outside the vocabulary 0..{vocab - 1}")
+    mask = _tensor(request, "attention_mask")
+    mask = np.ones_like(ids) if mask is None else mask
+    if mask.shape != ids.shape:
+        raise ValueError(f"attention_mask has shape {list(mask.shape)}, input_ids {list(ids.shape)}")
+    return {"input_ids": ids.astype(np.int64), "attention_mask": mask.astype(np.int64)}
+
+
+def max_tokens(layout: dict, request) -> int:
+    """The tokens to generate (``max_tokens``, default 16); ValueError beyond the export's ``max_length``."""
+    given = _tensor(request, "max_tokens")
+    count = DEFAULT_MAX_TOKENS if given is None or not given.size else int(given.reshape(-1)[0])
+    count = min(count, int(layout["max_length"])) if given is None else count
+    if not 1 <= count <= int(layout["max_length"]):
+        raise ValueError(f"max_tokens must be in 1..{layout['max_length']} (the export's --max-length), got {count}")
+    return count
+
+
+class TritonPythonModel:
+    """The model Triton's python backend loads: three onnxruntime sessions and the greedy loop."""
+
+    def initialize(self, args: dict) -> None:
+        """Open the three files of this version's folder (``intra_op_thread_count`` from the config)."""
+        folder = Path(args["model_repository"]) / str(args["model_version"])
+        self.layout = json.loads((folder / LAYOUT_FILE).read_text(encoding="utf-8"))
+        params = json.loads(args.get("model_config") or "{}").get("parameters") or {}
+        options = ort.SessionOptions()
+        threads = str((params.get("intra_op_thread_count") or {}).get("string_value") or "0")
+        options.intra_op_num_threads = int(threads) if threads.isdigit() else 0
+        self.sessions = [ort.InferenceSession(str(folder / name), options, providers=["CPUExecutionProvider"])
+                         for name in FILES]
+
+    def execute(self, requests: list) -> list:
+        """One response per request: ``output_ids``, or the error of a request that cannot run."""
+        responses = []
+        for request in requests:
+            try:
+                tokens = greedy(self.sessions, self.layout, encoder_feeds(self.layout, request),
+                                max_tokens(self.layout, request))
+                responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("output_ids", tokens)]))
+            except ValueError as e:
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(e))))
+        return responses
+
+    def finalize(self) -> None:
+        """Close the sessions."""
+        self.sessions = []
