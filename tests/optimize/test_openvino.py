@@ -156,3 +156,65 @@ def test_served_from_a_triton_repository_on_openvino(tmp_path):
     assert source.proven_options["provider"] == "openvino"
     served = load(source, None, None, Metrics())
     assert served.session.get_providers() == ["openvino"]
+
+
+needs_nncf = pytest.mark.skipif(not (HAVE_OV and HAVE_NNCF), reason="openvino and nncf are not installed")
+
+
+def test_int8_calibration_covers_each_dims_range():
+    from onnxport.optimize.nncf_int8 import calibration_cases
+
+    loaded = load_model(f"{MODELS}:TinyText", inputs=["input_ids:int64[batch,seq]"], dims=["seq=1..32"])
+    labels = {c.label: c.sizes for c in calibration_cases(loaded)}
+    assert {"export", "min", "odd"} <= set(labels) and "max" not in labels  # the all-max case is left out...
+    assert max(s["seq"] for s in labels.values()) == 32  # ...each dim's maximum is covered on its own
+    assert all(c.values == "random" for c in calibration_cases(loaded))
+
+
+@needs_nncf
+def test_qdq_switch_model_switches_the_quantized_activations(tmp_path):
+    """The search's one-session model of a QDQ file: every switch set = the QDQ file, none set = float
+    activations with the int8 weights (close to the fp32 model)."""
+    import onnx
+
+    from onnxport.optimize.nncf_int8 import quantize
+    from onnxport.optimize.sensitivity import qdq_switch_model
+    from onnxport.runtime.sessions import session
+
+    loaded = load_model(f"{MODELS}:TinyMLP", inputs=["x:float32[batch,8]"])
+    export(loaded, tmp_path / "model.onnx", exporter="torchscript")
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.standard_normal((4, 8)).astype(np.float32)} for _ in range(4)]
+    quantize(tmp_path / "model.onnx", tmp_path / "q.onnx", feeds, transformer=False)
+    proto = onnx.load(str(tmp_path / "q.onnx"))
+    names, switches = qdq_switch_model(proto)
+    assert len(names) == 2 and all(n in {m.name for m in proto.graph.node} for n in names)
+    onnx.save(proto, str(tmp_path / "switch.onnx"))
+    sw = session(tmp_path / "switch.onnx", opt_level="basic")
+    x = 3 * rng.standard_normal((5, 8)).astype(np.float32)
+    fp32 = session(tmp_path / "model.onnx").run(None, {"x": x})[0]
+    qdq = session(tmp_path / "q.onnx", opt_level="basic").run(None, {"x": x})[0]
+    on = sw.run(None, {"x": x, **{s: np.array(True) for s in switches}})[0]
+    off = sw.run(None, {"x": x, **{s: np.array(False) for s in switches}})[0]
+    np.testing.assert_allclose(on, qdq, rtol=1e-6, atol=1e-6)
+    assert np.abs(off - fp32).max() < np.abs(qdq - fp32).max()
+
+
+@needs_nncf
+def test_openvino_int8_keeps_the_sensitive_node_out_of_int8(tmp_path):
+    """Per-tensor static int8 of fc2's input (one channel ~1000x the others) fails the task metric; the search
+    leaves fc2 out of int8, fc1 stays int8, and the variant passes, its search recorded."""
+    from tests.optimize.test_variants import OUTLIER
+
+    src = tmp_path / "outlier.py"
+    src.write_text(OUTLIER)
+    loaded = load_model(f"{src}:Outlier", inputs=["x:float32[batch,4,8]"])
+    export(loaded, tmp_path / "model.onnx", exporter="torchscript")
+    result = optimize.variants(loaded, tmp_path / "model.onnx", tmp_path, names=["openvino-int8"], **FAST)
+    v = {e.name: e for e in result.variants}["openvino-int8"]
+    assert v.passed, v.reason
+    sens = v.details["sensitivity"]
+    assert sens["plain_int8_metric"]["passed"] is False and sens["kept"] == 1 == len(sens["kept_fp32"])
+    assert sens["of"] == 2 and v.metric.value >= 0.99
+    assert v.session_options["inference_precision"] == ov_variants.int8_precision()
+    assert v.details["calibration"].startswith("16 generated inputs") and v.batch_invariant is not None

@@ -76,7 +76,8 @@ def test_best_is_fastest_passing_and_copied(text_run):
     assert result.best is not None and result.best.passed
     assert (out / "best.onnx").is_file()
     passing = [v for v in result.variants if v.passed]
-    assert result.best.latency_ms["1"] <= min(v.latency_ms["1"] for v in passing) or result.best.name == "export"
+    best = result.best.details["geomean_speedup"]
+    assert best >= max(v.details["geomean_speedup"] for v in passing) or result.best.name == "export"
     assert result.timed_at == {"batch": 1, "seq": 16}  # the export size of seq=1..32
 
 
@@ -140,6 +141,48 @@ def test_select_best_on_synthetic_entries():
     assert select_best([]) is None
     as_dicts = [e.to_dict() for e in entries]
     assert select_best(as_dicts)["name"] == "fp16"
+
+
+def _vb(name: str, ms: dict[str, float], size: int = 100) -> Variant:
+    return Variant(name, f"variants/{name}.onnx", True, bytes=size, latency_ms=ms)
+
+
+def test_select_best_by_the_geometric_mean_over_the_batches():
+    """3 % faster at batch 1 but 25 % slower at batch 8 does not win (the batch-1 rule chose it)."""
+    export = _vb("export", {"1": 10.0, "8": 80.0})
+    steady = _vb("openvino-bf16", {"1": 5.0, "8": 28.0})  # 2.0x and 2.86x: geometric mean 2.39x
+    spiky = _vb("fused+int8", {"1": 4.85, "8": 35.0})  # 2.06x and 2.29x: geometric mean 2.17x
+    assert select_best([export, spiky, steady]).name == "openvino-bf16"
+    assert min([spiky, steady], key=lambda v: v.latency_ms["1"]).name == "fused+int8"  # what batch 1 alone picks
+    assert choice.geomean_speedup(steady.latency_ms, export.latency_ms) == pytest.approx((2.0 * 80 / 28) ** 0.5)
+    # a variant that did not run at a batch the export was timed at cannot be chosen
+    assert select_best([export, _vb("int8", {"1": 1.0})]).name == "export"
+    # without the export entry the ranking is the same (relative to the fastest at each batch)
+    assert select_best([spiky, steady]).name == "openvino-bf16"
+    assert select_best([e.to_dict() for e in (export, spiky, steady)])["name"] == "openvino-bf16"
+
+
+def test_the_choice_is_confirmed_at_every_batch_and_recorded(tmp_path, monkeypatch):
+    loaded = load_model(f"{MODELS}:TinyMLP", inputs=["x:float32[batch,8]"])
+    model = _export(loaded, tmp_path / "model.onnx")
+    ms = {"export": {"1": 1.0, "8": 8.0}, "slim": {"1": 0.5, "8": 9.6}, "ort": {"1": 0.6, "8": 4.0}}
+    calls: list[tuple] = []
+
+    def fake(paths, loaded, batches, *a, **kw):
+        calls.append((tuple(paths), tuple(batches)))
+        return {n: {str(b): ms[n][str(b)] for b in batches} for n in paths}
+
+    monkeypatch.setattr(choice, "measure", fake)
+    result = optimize.variants(loaded, model, tmp_path, names=["slim", "ort"], bench_batches=(1, 8),
+                               bench_seconds=0.2)
+    by = {v.name: v for v in result.variants}
+    assert by["slim"].speedup == 2.0 and by["ort"].speedup < by["slim"].speedup  # slim is faster at batch 1...
+    assert by["slim"].details["speedup_by_batch"] == {"1": 2.0, "8": round(8 / 9.6, 3)}
+    assert result.best.name == "ort"  # ...ort over both batches
+    assert calls[-1] == (("export", "ort"), (1, 8))  # confirmed alone at every batch
+    assert by["ort"].details["geomean_speedup"] == round((1 / 0.6 * 2) ** 0.5, 3)
+    assert by["ort"].details["confirmed_speedup"] == by["ort"].details["geomean_speedup"]
+    assert "geometric-mean speedup" in by["ort"].details["chosen_by"]
 
 
 OUTLIER = textwrap.dedent("""

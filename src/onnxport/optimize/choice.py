@@ -7,6 +7,7 @@ divergence and are never chosen. Latency is measured with ONNX Runtime, interlea
 from __future__ import annotations
 
 import functools
+import math
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -68,21 +69,45 @@ Latencies = dict[str, dict[str, float]]  # p50 ms per variant name and batch
 # --------------------------------------------------------------------------- choosing
 
 
+def geomean_speedup(latency: Mapping[str, float], base: Mapping[str, float]) -> float | None:
+    """The geometric mean over the batches ``base`` was timed at of ``base[b] / latency[b]`` (p50 ms keyed by
+    batch); None when ``latency`` lacks one of them (a variant that did not run at a batch cannot be chosen)."""
+    keys = [str(k) for k in base if base[k]]
+    got = {str(k): v for k, v in latency.items()}
+    if not keys or any(not got.get(k) for k in keys):
+        return None
+    return float(math.exp(sum(math.log(float(base[k]) / float(got[k])) for k in keys) / len(keys)))
+
+
 def select_best(entries: Sequence[Variant | Mapping[str, Any]]) -> Variant | Mapping[str, Any] | None:
-    """The fastest passing entry at batch 1 (ties: the smaller file); None when no entry passed and was timed."""
+    """The passing entry with the highest geometric-mean speedup over the export across the batches timed (each
+    batch's p50 relative to the export's at that batch: a variant 3 % faster at batch 1 and 25 % slower at
+    batch 8 does not win); ties: the smaller file. The speedup recorded in ``details["geomean_speedup"]`` is used
+    where present, else it is computed from ``latency_ms`` against the export entry (against the fastest entry at
+    each batch when there is none, which ranks the same). None when no entry passed and was timed."""
 
     def get(e, key):
         return e.get(key) if isinstance(e, Mapping) else getattr(e, key)
 
-    def p50(e) -> float | None:
-        lat = get(e, "latency_ms") or {}
-        v = lat.get("1", lat.get(1))
-        return None if v is None else float(v)
+    def lat(e) -> dict[str, float]:
+        return {str(k): float(v) for k, v in (get(e, "latency_ms") or {}).items() if v}
 
-    ok = [e for e in entries if get(e, "passed") and not get(e, "skipped") and p50(e) is not None]
+    timed = [e for e in entries if get(e, "passed") and not get(e, "skipped") and lat(e)]
+    export = next((e for e in entries if get(e, "name") == BASELINE and lat(e)), None)
+    if export is not None:
+        base = lat(export)
+    else:
+        batches = set.intersection(*(set(lat(e)) for e in timed)) if timed else set()
+        base = {b: min(lat(e)[b] for e in timed) for b in batches}
+
+    def score(e) -> float | None:
+        recorded = (get(e, "details") or {}).get("geomean_speedup")
+        return float(recorded) if recorded is not None else geomean_speedup(lat(e), base)
+
+    ok = [(s, e) for e in timed if (s := score(e)) is not None]
     if not ok:
         return None
-    return min(ok, key=lambda e: (p50(e), get(e, "bytes") or 0))
+    return min(ok, key=lambda se: (-se[0], get(se[1], "bytes") or 0))[1]
 
 
 # --------------------------------------------------------------------------- timing
@@ -163,57 +188,67 @@ class _Timing:
         return min(paths, key=lambda n: lat.get(n, {}).get(self.first_key) or float("inf"))
 
 
-def _latencies(timed: dict[str, Path], timing: _Timing) -> tuple[Latencies, dict[str, float | None]]:
-    """(latencies, the export's batch-1 p50 each variant's speedup is relative to)."""
+def _latencies(timed: dict[str, Path], timing: _Timing) -> tuple[Latencies, Latencies]:
+    """(latencies, the export's latencies each variant's speedups are relative to)."""
     if sum(file_bytes(p) for p in timed.values() if p.exists()) <= TIMING_MEMORY_BYTES:
         lat = timing.run(timed)
-        return lat, dict.fromkeys(timed, lat.get(BASELINE, {}).get("1")
-                                  or next(iter(lat.get(BASELINE, {}).values()), None))
+        return lat, dict.fromkeys(timed, lat.get(BASELINE, {}))
     # large files: one variant at a time beside the export, so at most two sessions are in memory
     lat: Latencies = {}
-    base: dict[str, float | None] = {}
-    key = timing.first_key
+    base: Latencies = {}
     for name, p in timed.items():
         if name == BASELINE:
             continue
         pair = timing.run({BASELINE: timed[BASELINE], name: p})
         lat[name] = pair.get(name, {})
         lat.setdefault(BASELINE, pair.get(BASELINE, {}))
-        base[name] = pair.get(BASELINE, {}).get("1") or pair.get(BASELINE, {}).get(key)
-    base[BASELINE] = lat.get(BASELINE, {}).get("1") or lat.get(BASELINE, {}).get(key)
+        base[name] = pair.get(BASELINE, {})
+    base[BASELINE] = lat.get(BASELINE, {})
     return lat, base
 
 
-def _timed(entries: Sequence[Variant], lat: Latencies, base: dict[str, float | None], key: str) -> list[Variant]:
-    """``entries`` with their latencies and speedups over the export."""
+def _timed(entries: Sequence[Variant], lat: Latencies, base: Latencies, key: str) -> list[Variant]:
+    """``entries`` with their latencies, their speedup over the export at the first batch (``speedup``) and, in
+    ``details``, at each batch and their geometric mean (what :func:`select_best` chooses by)."""
     final = []
     for e in entries:
         lm = lat.get(e.name, {})
-        mine = lm.get("1", lm.get(key))
-        base1 = base.get(e.name)
+        ref = base.get(e.name) or {}
+        mine, base1 = lm.get("1", lm.get(key)), ref.get("1", ref.get(key))
         speed = round(base1 / mine, 3) if base1 and mine else None
-        final.append(replace(e, latency_ms=lm, speedup=speed))
+        details = e.details
+        if lm and ref:
+            by = {b: round(ref[b] / lm[b], 3) for b in lm if ref.get(b) and lm[b]}
+            mean = geomean_speedup(lm, ref)
+            details = {**e.details, "speedup_by_batch": by,
+                       "geomean_speedup": None if mean is None else round(mean, 3)}
+        final.append(replace(e, latency_ms=lm, speedup=speed, details=details))
     return final
 
 
 def _confirm(final: list[Variant], timed: dict[str, Path], timing: _Timing,
              say: Progress) -> tuple[list[Variant], Variant | None]:
-    """The fastest passing variant, confirmed against the export alone (None when the confirmation does not
-    back it), and ``final`` with the confirmed speedup in its details."""
+    """The passing variant with the best geometric-mean speedup, confirmed against the export alone at every
+    batch timed (None when the confirmation does not back it), and ``final`` with the confirmed speedup and how
+    it was chosen in its details."""
     best = select_best([v for v in final if v.passed])
-    if best is not None and best.name != BASELINE and clearly_faster(best.speedup):
+    if best is not None and best.name != BASELINE and clearly_faster(best.details.get("geomean_speedup")):
         # the round-robin over every variant gives each few runs: confirm the winner against the export alone,
         # longer, before it replaces the export (a noisy machine otherwise picks a slower file)
         say(f"confirming {best.name} against the plain export")
-        again = timing.run({BASELINE: timed[BASELINE], best.name: timed[best.name]}, [1],
+        again = timing.run({BASELINE: timed[BASELINE], best.name: timed[best.name]},
                            seconds=max(2 * timing.seconds, 3.0))
-        b1, m1 = again.get(BASELINE, {}).get("1"), again.get(best.name, {}).get("1")
-        confirmed = round(b1 / m1, 3) if b1 and m1 else None
-        best = replace(best, details={**best.details, "confirmed_speedup": confirmed})
+        mean = geomean_speedup(again.get(best.name, {}), again.get(BASELINE, {}))
+        confirmed = None if mean is None else round(mean, 3)
+        batches = ", ".join(again.get(BASELINE, {}))
+        best = replace(best, details={
+            **best.details, "confirmed_speedup": confirmed,
+            "chosen_by": f"geometric-mean speedup over the export at batch {batches}: "
+                         f"{best.details.get('geomean_speedup')}x (confirmed alone: {confirmed}x)"})
         final = [best if v.name == best.name else v for v in final]
         if not clearly_faster(confirmed):
             best = None
-    if best is None or best.name == BASELINE or not (clearly_faster(best.speedup)):
+    if best is None or best.name == BASELINE or not clearly_faster(best.details.get("geomean_speedup")):
         best = final[0] if final[0].passed else None
     return final, best
 
@@ -291,18 +326,21 @@ def _variant(name: str, src: Path, dst: Path, out: Path, ctx: BuildContext) -> V
                                opener))
     prove_s = outcome.prove_seconds + time.perf_counter() - t1
     # a file run with other provider options: its batch invariance is the file's, checked where it was built
-    invariant = _batch_invariance(ctx, name, dst) if proof.passed and outcome.path is None else None
+    invariant = (_batch_invariance(ctx, name, dst, opener if is_openvino(outcome.session_options or {}) else None)
+                 if proof.passed and outcome.path is None else None)
     return Variant(name, relative(file, out), build_seconds=made.seconds, prove_seconds=prove_s,
                    details=outcome.details, batch_invariant=invariant,
                    session_options=outcome.session_options or base_options(ctx.device),
                    **file_facts(file), **proof.variant_fields())
 
 
-def _batch_invariance(ctx: BuildContext, name: str, path: Path) -> BatchInvariance | None:
-    """The batching case of a variant's proof (fp16 within its own tolerance, every other one within fp32's)."""
+def _batch_invariance(ctx: BuildContext, name: str, path: Path, opener=None) -> BatchInvariance | None:
+    """The batching case of a variant's proof (fp16 within its own tolerance, every other one within fp32's;
+    ``opener``: the session it runs on where ONNX Runtime does not run it, OpenVINO's for ``openvino-int8``)."""
     ctx.progress(f"variant {name}: each row alone against the same row inside a batch")
     try:
-        result = batching.check(ctx.loaded, path, tolerance=FP16 if "fp16" in name else FP32)
+        result = batching.check(ctx.loaded, path, tolerance=FP16 if "fp16" in name else FP32,
+                                sess=None if opener is None else opener(path))
     except Exception as e:  # noqa: BLE001 - a file that cannot run at the batch size is not batch-safe
         return BatchInvariance(0, False, float("nan"), None, True, f"the batched run failed: {short_error(e)}")
     return result if result.applicable else None
@@ -322,8 +360,9 @@ def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path, *
     ``names``: a list, "all" (None) or "auto": the variants that can win for this model on ``device``
     (:func:`~onnxport.optimize.plan.default_plan`; the others are listed as skipped, with the reason).
     ``budget_s``: no variant is started after that many seconds (the int8 search stops at the budget too).
-    The winner is the fastest at batch 1 and, for token inputs, sequence length ``bench_seq`` (default: the
-    export size): int8 and fusions pay off differently at 16 and at 128 tokens, so time at your traffic's length.
+    The winner has the best geometric-mean speedup over the export across ``bench_batches`` (each batch's p50
+    relative to the export's there) at, for token inputs, sequence length ``bench_seq`` (default: the export
+    size): int8 and fusions pay off differently at 16 and at 128 tokens, so time at your traffic's length.
     ``samples``: the user's samples with PyTorch's outputs (``prove.samples.references``): static int8 calibrates
     on them, and every variant is judged on them too (one that fails there is rejected).
     ``device`` "cuda": the variants are proven and timed on the GPU providers (IO binding), the GPU variants

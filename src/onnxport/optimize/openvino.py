@@ -8,8 +8,9 @@ run: :mod:`onnxport.runtime.openvino`, opened by :func:`onnxport.runtime.open_fo
   accumulation), only where the CPU has native bf16 (AVX-512 BF16 or AMX-BF16); bf16 keeps 8 bits of
   mantissa, so it is judged by the task metric (cosine, top-1), like int8;
 * ``openvino-int8``: the export quantized by NNCF (post-training, calibrated on ``--samples`` when given, on
-  the generated cases otherwise) into a QDQ ONNX file that OpenVINO runs in int8 (VNNI/AMX); judged by the
-  task metric with int8's gates. Needs the optional ``nncf`` package.
+  generated inputs over the dims' ranges otherwise) into a QDQ ONNX file that OpenVINO runs in int8 (VNNI/AMX),
+  the rest at bf16 where the CPU has it; accuracy-aware: the nodes that cost the task metric most are left out
+  of int8 until it passes int8's gates (optimize/nncf_int8.py). Needs the optional ``nncf`` package.
 
 Each is skipped with :attr:`~onnxport.optimize.result.SkipReason.NOT_BUILT` where OpenVINO (or NNCF, or bf16)
 is missing here, and is not applicable on ``--device cuda``.
@@ -25,13 +26,13 @@ from onnxport import environment
 from onnxport.optimize.context import BuildContext, BuildOutcome, Skip
 from onnxport.optimize.result import SkipReason
 from onnxport.runtime.openvino import LATENCY, OPENVINO, bf16_missing, openvino_missing, openvino_version
-from onnxport.runtime.variant_sessions import SessionOptions
+from onnxport.runtime.variant_sessions import SessionOptions, open_for
 
 __all__ = ["OPENVINO_VARIANTS", "PRECISION_OF", "build_openvino", "build_openvino_bf16", "build_openvino_int8",
-           "nncf_missing", "openvino_options", "why_not_here"]
+           "int8_precision", "nncf_missing", "openvino_options", "why_not_here"]
 
 OPENVINO_VARIANTS = ("openvino", "openvino-bf16", "openvino-int8")
-PRECISION_OF = {"openvino": "f32", "openvino-bf16": "bf16", "openvino-int8": "f32"}
+PRECISION_OF = {"openvino": "f32", "openvino-bf16": "bf16", "openvino-int8": "bf16"}  # int8: f32 without bf16 (int8_precision)
 ON_THE_CPU = "runs on the CPU (OpenVINO's CPU plugin); not built with --device cuda"
 
 
@@ -85,11 +86,20 @@ def build_openvino_bf16(src: Path, dst: Path, ctx: BuildContext) -> BuildOutcome
                         policy="openvino-bf16")
 
 
-def build_openvino_int8(src: Path, dst: Path, ctx: BuildContext) -> BuildOutcome:
-    """``openvino-int8``: the export quantized by NNCF into ``dst`` (QDQ ONNX), run by OpenVINO."""
-    _check("openvino-int8", ctx)
-    from onnxport.optimize.nncf_int8 import quantize
+def int8_precision(cpu_flags: Sequence[str] | None = None) -> str:
+    """The inference precision ``openvino-int8`` is compiled at: what stays out of int8 (attention, the nodes
+    the search kept, LayerNorm) runs in bf16 where the CPU has native bf16, else in f32."""
+    return "bf16" if bf16_missing(environment.cpu()["flags"] if cpu_flags is None else cpu_flags) is None else "f32"
 
-    details = quantize(src, dst, ctx)
-    return BuildOutcome({**_details("f32", "the NNCF int8 (QDQ) file"), **details},
-                        session_options=openvino_options("f32"), policy="openvino-int8")
+
+def build_openvino_int8(src: Path, dst: Path, ctx: BuildContext) -> BuildOutcome:
+    """``openvino-int8``: the export quantized by NNCF into ``dst`` (QDQ ONNX), run by OpenVINO; accuracy-aware
+    (:func:`onnxport.optimize.nncf_int8.quantize_searched`): the outcome carries its proof."""
+    _check("openvino-int8", ctx)
+    from onnxport.optimize.nncf_int8 import quantize_searched
+
+    precision = int8_precision()
+    options = openvino_options(precision)
+    details, proof, spent = quantize_searched(src, dst, ctx, open_for(options, ctx.out))
+    return BuildOutcome({**_details(precision, "the NNCF int8 (QDQ) file"), **details}, proof, spent,
+                        session_options=options, policy="openvino-int8")

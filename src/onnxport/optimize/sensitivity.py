@@ -1,15 +1,17 @@
-"""int8 that passes its task metric: when plain dynamic int8 fails, keep the fewest nodes in fp32 that make it pass.
+"""int8 that passes its task metric: when plain int8 fails, keep the fewest nodes in fp32 that make it pass.
 
 The nodes are chosen by a greedy search on a *switch model*: one ONNX graph in which every quantizable node
-runs fp32 or simulated dynamic int8 depending on a boolean input, so each question ("does the metric pass
-with these nodes in fp32?") is one short run instead of one quantization and one new session.
+runs fp32 or int8 depending on a boolean input, so each question ("does the metric pass with these nodes in
+fp32?") is one short run instead of one quantization and one new session. Two switch models share the search:
+:func:`switch_model` simulates ONNX Runtime's dynamic int8 (``int8``, ``fused+int8``), :func:`qdq_switch_model`
+switches the quantized activations of a static QDQ file (NNCF's, ``openvino-int8``: optimize/nncf_int8.py).
 """
 
 from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,6 +82,58 @@ def switch_model(model: onnx.ModelProto, cands: Sequence[onnx.NodeProto], reduce
     return switches
 
 
+QDQ_OPS = ("MatMul", "Gemm", "Conv")  # the nodes of a QDQ file whose quantized activations the search switches
+
+Rewrite = Callable[[onnx.ModelProto], tuple[list[str], list[str]]]  # model -> (node names, their switch inputs)
+
+
+def qdq_switch_model(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
+    """Rewrite a static QDQ ``model`` (NNCF's, QuantizeLinear -> DequantizeLinear before each quantized input)
+    in place so that each quantized MatMul/Gemm/Conv takes its activations quantized or not per run.
+
+    Every such node gets a boolean scalar input: when set, it reads the dequantized activation, as the file
+    does; when not, the float tensor the QuantizeLinear read (after SmoothQuant's scaling, where the weight was
+    scaled to match). Its weight stays the stored int8 one either way (per-channel weight rounding costs
+    little; the real file with the node left out of int8 is re-proven). Returns (node names, switch inputs).
+    """
+    from onnx import helper
+
+    g = model.graph
+    made = {o: n for n in g.node for o in n.output}
+    names: list[str] = []
+    switches: list[str] = []
+    before: dict[int, list[onnx.NodeProto]] = {}
+    for n in g.node:
+        if n.op_type not in QDQ_OPS or not n.name:
+            continue
+        routes = []
+        for k, x in enumerate(n.input):
+            dq = made.get(x)
+            q = made.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+            if q is not None and q.op_type == "QuantizeLinear":  # an activation (a weight's DQ reads an int8 constant)
+                routes.append((k, q.input[0]))
+        if not routes:
+            continue
+        sw = f"onnxport_int8_{len(names)}"
+        names.append(n.name)
+        switches.append(sw)
+        g.input.append(helper.make_tensor_value_info(sw, onnx.TensorProto.BOOL, []))
+        before[id(n)] = []
+        for k, fp in routes:
+            y = f"{sw}_x{k}"
+            before[id(n)].append(helper.make_node("Where", [sw, n.input[k], fp], [y]))
+            n.input[k] = y
+    for n in g.node:  # NNCF may write output_dtype beside a zero point of another type: the zero point's is used
+        if n.op_type == "QuantizeLinear" and len(n.input) > 2 and n.input[2]:
+            keep = [a for a in n.attribute if a.name != "output_dtype"]
+            del n.attribute[:]
+            n.attribute.extend(keep)
+    nodes = [m for n in g.node for m in [*before.get(id(n), []), n]]
+    del g.node[:]
+    g.node.extend(nodes)
+    return names, switches
+
+
 class SwitchedSession:
     """A session on the switch model that looks like the plain model's (task_metrics runs it unchanged);
     the switches named in ``fp32`` run their node in fp32, the others in simulated int8."""
@@ -119,24 +173,30 @@ class Int8Search:
 
 def int8_search(loaded: LoadedModel, src: Path, sub: Refs, *, start: Sequence[str] = (), target: float = 0.004,
                 max_kept: int | None = None, budget_s: float = 60.0, min_steps: int = 0,
-                reduce_range: bool = False) -> Int8Search:
+                reduce_range: bool = False, rewrite: Rewrite | None = None, opt_level: str = "all") -> Int8Search:
     """Keep in fp32, one at a time, the node whose fp32 restores the task metric most (greedy forward
     selection), until the metric on the cases ``sub`` clears its threshold by ``target``.
 
-    Each question is one run of the switch model (simulated dynamic int8 for every node not kept), so the
-    search costs candidates x steps short runs instead of that many quantizations; the caller re-proves
-    the real quantized file against PyTorch on the whole matrix.
+    Each question is one run of the switch model (int8 for every node not kept), so the search costs
+    candidates x steps short runs instead of that many quantizations; the caller re-proves the real quantized
+    file against PyTorch on the whole matrix. ``rewrite``: how ``src`` becomes the switch model (default:
+    :func:`switch_model` on :func:`~onnxport.optimize.quantize.quant_candidates`, simulated dynamic int8;
+    :func:`qdq_switch_model` for a static QDQ file); ``opt_level``: onnxruntime's graph optimizations on the
+    switch model ("basic" for a QDQ file: onnxruntime's later QDQ rewrites reject NNCF's opset-23 QDQ nodes).
     """
     t0 = time.perf_counter()
     model = onnx.load(str(src))
-    cands = quant_candidates(model)
-    names = [n.name for n in cands]
-    switches = switch_model(model, cands, reduce_range)
+    if rewrite is None:
+        cands = quant_candidates(model)
+        names = [n.name for n in cands]
+        switches = switch_model(model, cands, reduce_range)
+    else:
+        names, switches = rewrite(model)
     by_name = dict(zip(names, switches))
     with tempfile.TemporaryDirectory(prefix="onnxport-int8-") as tmp:
         p = Path(tmp) / "switch.onnx"
         save(model, p)
-        sw = SwitchedSession(session(p), switches)
+        sw = SwitchedSession(session(p, opt_level=opt_level), switches)
     kept = [n for n in start if n in by_name]
     limit = max_kept if max_kept is not None else max(1, len(names) // 2)
     evals = 0
