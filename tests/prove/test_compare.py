@@ -124,3 +124,25 @@ def test_detection_params_come_from_the_detection_head():
     p = cmp.detection_params(model)
     assert (p.score_thresh, p.nms_thresh, p.max_detections) == (0.05, 0.5, 100)
     assert cmp.detection_params(torch.nn.Linear(2, 2)) == cmp.DetectionParams()
+
+
+def test_boxes_a_fraction_of_a_pixel_wide_pair_by_their_corners():
+    """Seen on Mask R-CNN with random weights: a box 0.06 px wide moved 0.02 px by rounding has IoU 0.46 with its
+    twin; its corners agree within the tolerance, so it pairs. A box moved by 2 px does not."""
+    ref = dets([[55.05, 62.09, 55.11, 62.56], [10, 10, 50, 60]], [0.071, 0.2], [2, 1])
+    got = dets([[55.07, 62.08, 55.13, 62.55], [10, 10, 50, 60]], [0.071, 0.2], [2, 1])
+    m = cmp.match_detections(ref, got, FP32, PARAMS)
+    assert (m.matched, m.unmatched, m.passed) == (2, 0, True)
+    far = dets([[57.07, 62.08, 57.13, 62.55], [10, 10, 50, 60]], [0.071, 0.2], [2, 1])
+    assert not cmp.match_detections(ref, far, FP32, PARAMS).passed
+
+
+def test_a_box_at_the_small_box_cut_may_come_and_go():
+    """torchvision drops boxes under 0.01 px wide: one at the cut on one side only is borderline, not a failure;
+    a box of ordinary size missing still fails."""
+    ref = dets([[224.99, 0.3, 225.0, 223.3], [10, 10, 50, 60]], [0.336, 0.2], [2, 1])
+    got = dets([[10, 10, 50, 60]], [0.2], [1])
+    m = cmp.match_detections(ref, got, FP32, PARAMS)
+    assert (m.matched, m.borderline, m.unmatched, m.passed) == (1, 1, 0, True)
+    wide = dets([[200.0, 0.3, 225.0, 223.3], [10, 10, 50, 60]], [0.336, 0.2], [2, 1])
+    assert not cmp.match_detections(wide, got, FP32, PARAMS).passed

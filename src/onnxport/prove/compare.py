@@ -290,6 +290,9 @@ def _match_group(group: dict[str, str], ref: dict, got: dict, tol: Tolerance, lo
 # --------------------------------------------------------------------------- detections
 
 
+SMALL_BOX = 1e-2  # torchvision's detection heads drop boxes narrower or lower than this (remove_small_boxes)
+
+
 @dataclass(frozen=True)
 class DetectionParams:
     """The post-processing thresholds a detection model was built with (None when unknown)."""
@@ -403,8 +406,12 @@ def keypoint_distances(ref: np.ndarray, got: np.ndarray, boxes: np.ndarray, tied
     return d.max(1, initial=0.0) / size if d.size else np.zeros(len(ref))
 
 
-def _pairs(iou: np.ndarray, same: np.ndarray, scores_ok: np.ndarray, iou_min: float) -> list[tuple[int, int]]:
-    cand = np.where(same & scores_ok & (iou >= iou_min), iou, -1.0)
+def _pairs(iou: np.ndarray, same: np.ndarray, scores_ok: np.ndarray, iou_min: float,
+           corners_ok: np.ndarray | None = None) -> list[tuple[int, int]]:
+    """Pairs of the same label, score within bound and IoU ≥ ``iou_min`` — or corners within bound
+    (``corners_ok``: a box a fraction of a pixel wide has a low IoU with its twin moved by rounding) —, best first."""
+    close = iou >= iou_min if corners_ok is None else (iou >= iou_min) | corners_ok
+    cand = np.where(same & scores_ok & close, np.maximum(iou, 0.0), -1.0)
     pairs: list[tuple[int, int]] = []
     used_r: set[int] = set()
     used_g: set[int] = set()
@@ -426,6 +433,8 @@ def _borderline(k: int, own: tuple, other: tuple, margin: float, params: Detecti
     s = float(scores[k])
     if params.score_thresh is not None and abs(s - params.score_thresh) <= margin:
         return True
+    if min(boxes[k][2] - boxes[k][0], boxes[k][3] - boxes[k][1]) <= 2 * SMALL_BOX:
+        return True  # at the small-box cut: a box 0.01 px wide on one side is removed on the other
     full = params.max_detections is not None and max(len(scores), len(o_scores)) >= params.max_detections
     if full and len(o_scores) and s <= float(o_scores.min()) + margin:
         return True  # at the top-k cut: a tie decides which of the last ones are kept
@@ -444,7 +453,8 @@ def _borderline(k: int, own: tuple, other: tuple, margin: float, params: Detecti
 
 def match_detections(ref: dict[str, np.ndarray], got: dict[str, np.ndarray], tol: Tolerance,
                      params: DetectionParams) -> DetectionMatch:
-    """Pair detections (same label, IoU ≥ 0.9 — 0.75 at reduced precision —, score within 10× the tolerance); every
+    """Pair detections (same label, IoU ≥ 0.9 — 0.75 at reduced precision — or every corner within 10× the tolerance,
+    score within 10× the tolerance); every
     unpaired one must be borderline (see :func:`_borderline`) for the case to pass. With ``masks`` and
     ``keypoints`` (and ``keypoints_scores``) in the dicts, every pair's masks and keypoints must agree too
     (:func:`mask_ious`, :func:`keypoint_distances`)."""
@@ -460,7 +470,9 @@ def match_detections(ref: dict[str, np.ndarray], got: dict[str, np.ndarray], tol
     same = r[2][:, None] == g[2][None, :]
     s_bound = tol.atol + tol.rtol * np.abs(r[1])[:, None]
     scores_ok = np.abs(r[1][:, None] - g[1][None, :]) <= 10 * s_bound
-    pairs = _pairs(iou, same, scores_ok, 0.75 if reduced else 0.9)
+    c_bound = tol.atol + tol.rtol * np.abs(r[0])[:, None, :]
+    corners_ok = (np.abs(r[0][:, None, :] - g[0][None, :, :]) <= 10 * c_bound).all(-1)
+    pairs = _pairs(iou, same, scores_ok, 0.75 if reduced else 0.9, corners_ok)
     box_err = max((float(np.abs(r[0][i] - g[0][j]).max()) for i, j in pairs), default=0.0)
     score_err = max((abs(float(r[1][i] - g[1][j])) for i, j in pairs), default=0.0)
     margin = max(10 * score_err, 10 * (tol.atol + tol.rtol * (params.score_thresh or 0.0)))
