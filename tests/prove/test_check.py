@@ -182,6 +182,16 @@ def test_check_declared_input_missing(tmp_path):
     assert [d.input for d in r.dynamic_dims] == ["x"]
 
 
+def test_check_an_input_named_otherwise_is_matched_by_position(tmp_path):
+    """A file whose one input is named 'features' for the model's 'x': fed by position (as parity feeds it), its
+    dims checked, an info line saying so, no error."""
+    path = _save(_linear_model("batch"), tmp_path / "m.onnx")
+    r = check(path, (parse_input(f"features:float32[batch,{K}]"),))
+    assert [d.code for d in r.diagnostics] == ["inputs-by-position"]
+    assert "'x' for 'features'" in r.diagnostics[0].message
+    assert [(d.input, d.symbolic) for d in r.dynamic_dims] == [("features", True)]
+
+
 # --------------------------------------------------------------------------- invalid models
 
 

@@ -10,11 +10,12 @@ from pathlib import Path
 import onnx
 from onnx import helper
 
-from onnxport.core.diagnostics import Diagnostic, error, warning
+from onnxport.core.diagnostics import Diagnostic, error, info, warning
 from onnxport.core.errors import UsageError
 from onnxport.core.onnxfile import file_bytes, walk_nodes
 from onnxport.core.records import CheckResult, DimCheck
 from onnxport.core.spec import InputSpec
+from onnxport.runtime.feeds import input_mapping
 
 
 def _dtype_name(elem_type: int) -> str:
@@ -93,8 +94,17 @@ def check(path: str | Path, inputs: tuple[InputSpec, ...] | None = None, dims: d
     dim_checks: list[DimCheck] = []
     if inputs:
         by_name = {io["name"]: io for io in graph_inputs}
+        try:  # the names parity feeds by: the same names, else the same positions (runtime/feeds.py)
+            mapping = input_mapping(inputs, [io["name"] for io in graph_inputs])
+        except UsageError:
+            mapping = {}
+        renamed = [f"'{mapping[s.name]}' for '{s.name}'" for s in inputs if mapping.get(s.name, s.name) != s.name]
+        if renamed:
+            diags.append(info("inputs-by-position", f"the ONNX inputs are named otherwise ({', '.join(renamed)}): "
+                                                    "fed by position", hint="name the --input entries after the ONNX "
+                                                                             "inputs to match them by name"))
         for spec in inputs:
-            io = by_name.get(spec.name)
+            io = by_name.get(mapping.get(spec.name, spec.name))
             if io is None:
                 diags.append(error("input-missing", f"the ONNX model has no input '{spec.name}'",
                                    hint="the exporter dropped an input that the model does not use, or renamed it"))
