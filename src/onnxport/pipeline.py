@@ -393,7 +393,8 @@ def _optimize(run: Run) -> Run:
     made = optimize.variants(run.loaded, run.model_file, run.out, names=opt.variants, tolerance=run.options.proof.tolerance,
                              progress=run.progress, bench_seq=opt.seq, budget_s=opt.budget, device=run.device,
                              samples=run.sample_refs)
-    return run.but(outcome=run.outcome.but(optimized=made))
+    notes = optimize.openvino.best_notes(made.best) if made.best is not None else []
+    return run.but(outcome=run.outcome.but(optimized=made, diagnostics=(*run.outcome.diagnostics, *notes)))
 
 
 def _bench(run: Run) -> Run:

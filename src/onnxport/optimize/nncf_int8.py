@@ -87,45 +87,7 @@ def quantize(src: Path, dst: Path, feeds: Sequence[dict], *, transformer: bool, 
     with captured_output():  # NNCF's progress bars: stdout belongs to --json
         quantized = nncf.quantize(model, nncf.Dataset(list(feeds)), subset_size=len(feeds), advanced_parameters=adv,
                                   **kw)
-    unsigned_activations(quantized)
     onnx.save(quantized, str(dst), save_as_external_data=file_bytes(src) > inline_limit())
-
-
-def unsigned_activations(model: onnx.ModelProto) -> int:
-    """Turn the int8 activation QuantizeLinear/DequantizeLinear pairs of ``model`` into uint8 ones (zero point
-    +128: the same values exactly), in place; returns how many. NNCF writes signed activations, and onnxruntime
-    (1.32) cannot load such a file above its basic optimization level: its QDQ propagation copies a signed
-    QuantizeLinear that its s8→u8 rewrite then makes unsigned without its ``output_dtype`` — so a best.onnx
-    built for OpenVINO would be refused by every tool that opens it with onnxruntime's defaults. Unsigned
-    activations are also VNNI's own form (u8 × s8). Weights (constant inputs) stay signed."""
-    from onnx import TensorProto, numpy_helper
-
-    inits = {i.name: i for i in model.graph.initializer}
-    users: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            users.setdefault(name, []).append(node)
-    changed: set[str] = set()
-    for node in model.graph.node:
-        if node.op_type != "QuantizeLinear" or len(node.input) < 3 or node.input[0] in inits:
-            continue
-        zp = inits.get(node.input[2])
-        if zp is None or zp.data_type != TensorProto.INT8 or zp.name in changed or \
-                not all(u.op_type in ("QuantizeLinear", "DequantizeLinear") for u in users[zp.name]):
-            continue
-        shifted = numpy_helper.to_array(zp).astype("int16") + 128
-        zp.CopyFrom(numpy_helper.from_array(shifted.astype("uint8"), zp.name))
-        changed.add(zp.name)
-        for user in users[zp.name]:
-            keep = [a for a in user.attribute if a.name != "output_dtype"]
-            del user.attribute[:]
-            user.attribute.extend(keep)
-    if changed:  # the declared types of the quantized values changed with them
-        quantized = {o for n in model.graph.node if n.op_type == "QuantizeLinear" for o in n.output}
-        keep_info = [v for v in model.graph.value_info if v.name not in quantized]
-        del model.graph.value_info[:]
-        model.graph.value_info.extend(keep_info)
-    return len(changed)
 
 
 def _margin(loaded: LoadedModel, refs: Refs, sess) -> float:

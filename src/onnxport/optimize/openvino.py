@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from onnxport import environment
+from onnxport.core.diagnostics import Diagnostic, info
+from onnxport.core.errors import one_line
 from onnxport.optimize.context import BuildContext, BuildOutcome, Skip
 from onnxport.optimize.result import SkipReason
 from onnxport.runtime.openvino import LATENCY, OPENVINO, bf16_missing, openvino_missing, openvino_version
@@ -101,5 +103,41 @@ def build_openvino_int8(src: Path, dst: Path, ctx: BuildContext) -> BuildOutcome
     precision = int8_precision()
     options = openvino_options(precision)
     details, proof, spent = quantize_searched(src, dst, ctx, open_for(options, ctx.out))
+    details["onnxruntime"] = onnxruntime_opens(dst)
     return BuildOutcome({**_details(precision, "the NNCF int8 (QDQ) file"), **details}, proof, spent,
                         session_options=options, policy="openvino-int8")
+
+
+def onnxruntime_opens(path: Path) -> str:
+    """How onnxruntime opens a file built for OpenVINO: "opens" (at its defaults), "opens only at graph
+    optimization level basic: …" or "does not open: …" (NNCF's signed int8 activations trip onnxruntime's own
+    QDQ rewrites above the basic level)."""
+    import onnxruntime as ort
+
+    try:
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return "opens"
+    except Exception as e:  # noqa: BLE001 - what onnxruntime says is the record
+        why = one_line(e)
+    basic = ort.SessionOptions()
+    basic.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    try:
+        ort.InferenceSession(str(path), basic, providers=["CPUExecutionProvider"])
+        return f"opens only at graph optimization level basic (at its defaults: {why})"
+    except Exception as e:  # noqa: BLE001
+        return f"does not open: {one_line(e)}"
+
+
+def best_notes(best: object) -> list[Diagnostic]:
+    """An info line when the best variant is run by OpenVINO (``best-needs-openvino``): bench, serve and triton
+    follow it; a user taking best.onnx elsewhere needs OpenVINO, and is told how onnxruntime opens it."""
+    options = getattr(best, "session_options", None) or {}
+    if options.get("provider") != "openvino":
+        return []
+    ort_says = (getattr(best, "details", None) or {}).get("onnxruntime", "opens")
+    precision = options.get("inference_precision", "f32")
+    return [info("best-needs-openvino",
+                 f"best.onnx is {best.name}, proven and timed on OpenVINO at {precision} inference precision "
+                 f"(bench, serve and triton run it there); onnxruntime: {ort_says}",
+                 hint="run best.onnx with OpenVINO (report.json best.session_options), or take model.onnx for "
+                      "onnxruntime")]
