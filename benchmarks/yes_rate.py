@@ -235,12 +235,26 @@ def _img_in(h="height", w="width", b="batch"):
     return [("image", "float32", (b, 3, h, w))]
 
 
-def _diffusers() -> bool:
+def _installed(package: str) -> bool:
     try:
         import importlib.util
-        return importlib.util.find_spec("diffusers") is not None
+        return importlib.util.find_spec(package) is not None
     except Exception:
         return False
+
+
+def _diffusers() -> bool:
+    return _installed("diffusers")
+
+
+def _yolo():
+    """A YOLOv8n DetectionModel from its yaml (random weights): eval forward returns (predictions, raw dict)."""
+    import os
+
+    os.environ.setdefault("YOLO_OFFLINE", "1")
+    from ultralytics.nn.tasks import DetectionModel
+
+    return DetectionModel("yolov8n.yaml", nc=80, verbose=False)
 
 
 def cases() -> list[Case]:
@@ -307,6 +321,10 @@ def cases() -> list[Case]:
                  {"batch": (1, 2, 2), "height": (8, 32, 16), "width": (8, 32, 24), "seq": (1, 77, 12)}, multiple=2,
                  note="sizes multiple of 2"),
         ]
+    if _installed("ultralytics"):  # not in the dev extra (AGPL, opencv): measured where installed
+        out.append(Case("ultralytics_yolov8n", _yolo, [("images", "float32", ("batch", 3, "height", "width"))],
+                        {"batch": (1, 8, 2), "height": (64, 640, 256), "width": (64, 640, 320)}, multiple=32,
+                        note="DetectionModel('yolov8n.yaml'); outputs: predictions and the head's raw boxes/scores"))
     out += [
         Case("pattern_listcomp_over_dim", _pattern("ListCompOverDim"), [("x", "float32", ("batch", "seq", 8))],
              {"batch": (1, 8, 2), "seq": (1, 32, 5)}),

@@ -146,3 +146,16 @@ def test_a_box_at_the_small_box_cut_may_come_and_go():
     assert (m.matched, m.borderline, m.unmatched, m.passed) == (1, 1, 0, True)
     wide = dets([[200.0, 0.3, 225.0, 223.3], [10, 10, 50, 60]], [0.336, 0.2], [2, 1])
     assert not cmp.match_detections(wide, got, FP32, PARAMS).passed
+
+
+def test_outputs_only_named_like_detections_are_compared_element_by_element():
+    """A YOLO head's raw outputs are called boxes [B, 64, A] and scores [B, 80, A]: not detections (IoU matching
+    of them would build an A×A matrix); real detection shapes, [N, 4] with [N] scores, are."""
+    raw = {"out_boxes": np.zeros((1, 64, 8400), np.float32), "out_scores": np.zeros((1, 80, 8400), np.float32)}
+    group = {"boxes": "out_boxes", "scores": "out_scores"}
+    assert not cmp.detection_shaped(group, raw)
+    anchors = {"out_boxes": np.zeros((8400, 4), np.float32), "out_scores": np.zeros(8400, np.float32)}
+    assert not cmp.detection_shaped(group, anchors)
+    assert cmp.detection_shaped({**group, "labels": "out_labels"}, {"out_boxes": REF["boxes"],
+                                                                    "out_scores": REF["scores"],
+                                                                    "out_labels": REF["labels"]})

@@ -62,6 +62,30 @@ def detection_groups(names: Sequence[str]) -> dict[str, dict[str, str]]:
     return {p: g for p, g in groups.items() if "boxes" in g and "scores" in g}
 
 
+MAX_DETECTIONS = 4096  # more boxes than this are raw anchors or proposals: compared element by element
+
+
+def detection_shaped(group: dict[str, str], ref: dict[str, np.ndarray]) -> bool:
+    """Whether a group named like detections holds them: boxes ``[N, 4]`` (or ``[1, N, 4]``) and scores, labels
+    ``[N]`` of the same N. Outputs merely named so (a YOLO head's raw per-anchor ``boxes`` ``[B, 64, A]`` and
+    ``scores`` ``[B, 80, A]``) are compared element by element: matching them by IoU is meaningless (and would
+    build an A×A matrix)."""
+    boxes = np.asarray(ref[group["boxes"]])
+    if boxes.ndim == 3 and boxes.shape[0] == 1:
+        boxes = boxes[0]
+    if boxes.ndim != 2 or boxes.shape[1] != 4:
+        return False
+    n = boxes.shape[0]
+    if n > MAX_DETECTIONS:  # raw anchors, not detections: an N×N IoU matrix would not fit
+        return False
+    for part in ("scores", "labels"):
+        if part in group:
+            v = np.asarray(ref[group[part]])
+            if v.size != n or (v.ndim and v.shape[-1] != n):
+                return False
+    return True
+
+
 def resolve(loaded: LoadedModel, declared: dict[str, str] | None = None) -> LoadedModel:
     """``loaded`` with its comparison rules: detection-shaped outputs auto, then the user's ``declared`` rules
     (an unknown output name is a UsageError listing the real ones)."""
@@ -140,7 +164,7 @@ def judge(loaded: LoadedModel, pairs: Sequence[tuple[str, np.ndarray, np.ndarray
     got_by = {n: _defined(r, np.asarray(g), (undefined or {}).get(n)) for n, r, g in pairs}
     ref_by = {n: r for n, r, _ in pairs}
     groups = {p: g for p, g in detection_groups([n for n, _, _ in pairs]).items()
-              if all(loaded.compare.get(n) == "detections" for n in g.values())}
+              if all(loaded.compare.get(n) == "detections" for n in g.values()) and detection_shaped(g, ref_by)}
     grouped = {n: p for p, g in groups.items() for n in g.values()}
     matches = {p: _match_group(g, ref_by, got_by, tol, loaded) for p, g in groups.items()}
     for name, r, _ in pairs:
