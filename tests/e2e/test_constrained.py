@@ -93,3 +93,15 @@ def test_an_example_size_that_fails_is_moved_to_sizes_that_run(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     dims = load_report(out)["model"]["dims"]
     assert dims["h"]["rule"] == dims["w"]["rule"] == "multiples of 8" and dims["w"]["export"] % 8 == 0
+
+
+def test_the_torchscript_exporter_runs_a_constrained_model_at_sizes_it_takes(tmp_path):
+    """The TorchScript exporter finds which output axes follow which dim by running the model at a second size:
+    a constrained dim's second size is one the model runs at (it was export+1, which a strided model refuses)."""
+    out = tmp_path / "o"
+    proc = run_cli("export", f"{FX}:Windows", "-i", "x:float32[batch,3,h,w]", "-d", "h=8..64", "-d", "w=8..64",
+                   "--exporter", "torchscript", "-o", str(out))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rep = load_report(out)
+    assert rep["status"] == "ok" and rep["export"]["exporter"] == "torchscript"
+    assert {d["symbol"] for d in rep["check"]["dynamic_dims"] if d["proven"]} >= {"h", "w"}

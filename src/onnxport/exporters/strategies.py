@@ -174,8 +174,13 @@ def _output_axes(loaded: LoadedModel) -> dict[str, dict[int, str]]:
     a = export_sizes(loaded.dims)
     b = {}
     for i, (sym, d) in enumerate(loaded.dims.items()):
-        step = i + 1
-        b[sym] = a[sym] + step if a[sym] + step <= d.max else max(d.min, a[sym] - step)
+        step = i + 1  # each dim moved by its own step, so an output axis names the dim it follows
+        if d.sizes:  # a constrained dim (multiples of 8, squares, …): another size the model runs at
+            allowed = sorted(d.sizes)
+            k = allowed.index(a[sym]) if a[sym] in allowed else 0
+            b[sym] = allowed[k + step] if k + step < len(allowed) else allowed[max(0, k - step)]
+        else:
+            b[sym] = a[sym] + step if a[sym] + step <= d.max else max(d.min, a[sym] - step)
     if not loaded.dims:
         return {}
     with torch.inference_mode():
