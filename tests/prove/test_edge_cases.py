@@ -394,3 +394,19 @@ def test_a_module_run_twice_is_matched_to_its_first_call(tmp_path):
     assert div is not None and div.module == "head", div
     act = [t for t in div.trace if t["module"] == "act"]
     assert act and act[0]["passed"] and act[0]["method"] == "metadata+value"
+
+
+def test_the_float64_run_widens_what_forward_narrows_and_gives_the_model_back(tmp_path):
+    import torch
+
+    from onnxport.prove.conditioning import float64_outputs
+    from onnxport.prove.references import torch_outputs
+
+    loaded = _loaded(em.CancelledRowNarrowing(), ["x:float32[2,8]"], [])
+    x = (torch.randn(2, 8),)
+    before = torch_outputs(loaded, x)[0]
+    wide = float64_outputs(loaded, x)
+    assert wide is not None and wide[0].dtype == np.float64
+    assert np.abs(wide[0][1] - before[1]).max() < 1e-5  # the row float32 computes exactly agrees
+    assert next(loaded.model.parameters()).dtype == torch.float32 and torch.get_default_dtype() == torch.float32
+    assert np.array_equal(torch_outputs(loaded, x)[0], before)  # the model is given back bit for bit

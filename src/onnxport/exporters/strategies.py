@@ -159,7 +159,9 @@ def _export_torchscript(loaded: LoadedModel, path: Path, opset: int, external: b
     dynamic_axes.update(_output_axes(loaded))
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".ts-export-") as tmp:
         raw = Path(tmp) / "raw.onnx"
-        with packed.applied(loaded, opset, "torchscript") as rewrite:
+        # without autograd: a module that caches a tensor it computed (RAFT's correlation pyramid) would otherwise
+        # keep one with a grad_fn, which every later deepcopy of the model refuses
+        with packed.applied(loaded, opset, "torchscript") as rewrite, torch.no_grad():
             torch.onnx.export(
                 loaded.flat, example, str(raw), dynamo=False, input_names=[s.name for s in loaded.inputs],
                 output_names=list(loaded.output_names), dynamic_axes=dynamic_axes or None, opset_version=opset,

@@ -10,7 +10,6 @@ is so stays failed, and a case judged this way proves no dim (:attr:`CaseResult.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 
 import numpy as np
@@ -21,21 +20,44 @@ from onnxport.prove.compare import compare_arrays, magnitudes
 from onnxport.prove.references import as_numpy
 from onnxport.sources.base import LoadedModel
 
-MAX_PARAMETERS = 100_000_000  # a float64 copy of the model costs 8 bytes per parameter
+MAX_PARAMETERS = 100_000_000  # widened to float64 for a call: 8 bytes per parameter while it runs
 
 
 def float64_outputs(loaded: LoadedModel, inputs: tuple[torch.Tensor, ...]) -> list[np.ndarray] | None:
-    """The model's outputs computed in float64 (a float64 copy of the module, float inputs widened); None for a
-    model too large to copy or one that does not run in float64 (float32 buffers made inside forward, …)."""
+    """The model's outputs computed in float64 (its float parameters and buffers widened for the call and given
+    back as they were, float inputs widened); None for a model over :data:`MAX_PARAMETERS` or one that does not
+    run in float64 (float32 tensors made inside forward, …)."""
     if loaded.parameters > MAX_PARAMETERS or not any(t.is_floating_point() for t in inputs):
         return None
-    try:
-        wide = copy.deepcopy(loaded.flat).double()  # not kept: failing cases are few, the copy is large
+    tensors = [t for t in (*loaded.flat.parameters(), *loaded.flat.buffers()) if t.is_floating_point()]
+    kept = [t.data for t in tensors]
+    default = torch.get_default_dtype()
+    hooks = []
+    try:  # widened in place and given back exactly (no copy: a model may hold tensors deepcopy refuses)
+        for t in tensors:
+            t.data = t.data.double()
+        torch.set_default_dtype(torch.float64)  # tensors forward makes itself (a grid from torch.arange)
+        for module in loaded.flat.modules():  # and those it narrows itself (RAFT's coords grid: `.float()`)
+            hooks.append(module.register_forward_pre_hook(_widened, with_kwargs=True))
         with torch.inference_mode():
-            outs = wide(*[t.double() if t.is_floating_point() else t for t in inputs])
+            outs = loaded.flat(*[t.double() if t.is_floating_point() else t for t in inputs])
         return [as_numpy(o) for o in outs]
     except Exception:  # noqa: BLE001 - no float64 answer: the case is judged as it was
         return None
+    finally:
+        for h in hooks:
+            h.remove()
+        torch.set_default_dtype(default)
+        for t, data in zip(tensors, kept):
+            t.data = data
+
+
+def _widened(module, args, kwargs):
+    """A forward pre-hook: float32 tensors among a module's arguments as float64."""
+    def wide(t):
+        return t.double() if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t
+
+    return torch.utils._pytree.tree_map(wide, args), torch.utils._pytree.tree_map(wide, kwargs)
 
 
 def unreliable_rows(loaded: LoadedModel, inputs: tuple[torch.Tensor, ...],
