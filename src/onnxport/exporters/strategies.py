@@ -159,9 +159,9 @@ def _export_torchscript(loaded: LoadedModel, path: Path, opset: int, external: b
     dynamic_axes.update(_output_axes(loaded))
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".ts-export-") as tmp:
         raw = Path(tmp) / "raw.onnx"
-        # without autograd: a module that caches a tensor it computed (RAFT's correlation pyramid) would otherwise
-        # keep one with a grad_fn, which every later deepcopy of the model refuses
-        with packed.applied(loaded, opset, "torchscript") as rewrite, torch.no_grad():
+        # with autograd on, as a user's plain call runs: under no_grad nn.TransformerEncoderLayer takes its fused
+        # fast path (aten::_transformer_encoder_layer_fwd), which has no ONNX translation
+        with packed.applied(loaded, opset, "torchscript") as rewrite:
             torch.onnx.export(
                 loaded.flat, example, str(raw), dynamo=False, input_names=[s.name for s in loaded.inputs],
                 output_names=list(loaded.output_names), dynamic_axes=dynamic_axes or None, opset_version=opset,

@@ -91,39 +91,8 @@ def check(path: str | Path, inputs: tuple[InputSpec, ...] | None = None, dims: d
                  if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
                                     onnx.TensorProto.DOUBLE, onnx.TensorProto.INT8, onnx.TensorProto.UINT8))
     opsets = {(o.domain or "ai.onnx"): int(o.version) for o in model.opset_import}
-    dim_checks: list[DimCheck] = []
-    if inputs:
-        by_name = {io["name"]: io for io in graph_inputs}
-        try:  # the names parity feeds by: the same names, else the same positions (runtime/feeds.py)
-            mapping = input_mapping(inputs, [io["name"] for io in graph_inputs])
-        except UsageError:
-            mapping = {}
-        renamed = [f"'{mapping[s.name]}' for '{s.name}'" for s in inputs if mapping.get(s.name, s.name) != s.name]
-        if renamed:
-            diags.append(info("inputs-by-position", f"the ONNX inputs are named otherwise ({', '.join(renamed)}): "
-                                                    "fed by position", hint="name the --input entries after the ONNX "
-                                                                             "inputs to match them by name"))
-        for spec in inputs:
-            io = by_name.get(mapping.get(spec.name, spec.name))
-            if io is None:
-                diags.append(error("input-missing", f"the ONNX model has no input '{spec.name}'",
-                                   hint="the exporter dropped an input that the model does not use, or renamed it"))
-                continue
-            for axis, d in enumerate(spec.shape):
-                if not isinstance(d, str):
-                    continue
-                got = io["shape"][axis] if io["shape"] and axis < len(io["shape"]) else None
-                rng = (dims or {}).get(d)
-                symbolic = not isinstance(got, int)
-                dim_checks.append(DimCheck(spec.name, axis, d, symbolic, got if isinstance(got, int) else None,
-                                           getattr(rng, "min", None), getattr(rng, "max", None)))
-                if not symbolic:
-                    diags.append(error(
-                        "dynamic-dim-fixed",
-                        f"input '{spec.name}' axis {axis} ('{d}') was declared dynamic but came out fixed to {got}",
-                        hint="the model ties this size to a constant (e.g. a Linear's in_features or a hard-coded "
-                             "reshape); declare it fixed in --input, or make the model accept any size",
-                    ))
+    dim_checks, more = _declared_inputs(inputs, graph_inputs, dims)
+    diags.extend(more)
     return CheckResult(
         path=path, ok=checker_error is None, checker_error=checker_error, shape_inference_error=shape_error,
         ir_version=int(model.ir_version), opset=opsets.get("ai.onnx", 0), opsets=opsets,
@@ -132,3 +101,45 @@ def check(path: str | Path, inputs: tuple[InputSpec, ...] | None = None, dims: d
         op_histogram=dict(histogram.most_common()), inputs=graph_inputs, outputs=graph_outputs,
         dynamic_dims=tuple(dim_checks), diagnostics=tuple(diags),
     )
+
+
+def _declared_inputs(inputs: tuple[InputSpec, ...] | None, graph_inputs: tuple, dims: dict | None
+                     ) -> tuple[list[DimCheck], list[Diagnostic]]:
+    """Each declared input found in the graph (by name, else by position as parity feeds it) and each of its
+    dynamic axes checked: (the dim checks, the diagnostics)."""
+    dim_checks: list[DimCheck] = []
+    diags: list[Diagnostic] = []
+    if not inputs:
+        return dim_checks, diags
+    by_name = {io["name"]: io for io in graph_inputs}
+    try:  # the names parity feeds by: the same names, else the same positions (runtime/feeds.py)
+        mapping = input_mapping(inputs, [io["name"] for io in graph_inputs])
+    except UsageError:
+        mapping = {}
+    renamed = [f"'{mapping[s.name]}' for '{s.name}'" for s in inputs if mapping.get(s.name, s.name) != s.name]
+    if renamed:
+        diags.append(info("inputs-by-position", f"the ONNX inputs are named otherwise ({', '.join(renamed)}): "
+                                                "fed by position", hint="name the --input entries after the ONNX "
+                                                                         "inputs to match them by name"))
+    for spec in inputs:
+        io = by_name.get(mapping.get(spec.name, spec.name))
+        if io is None:
+            diags.append(error("input-missing", f"the ONNX model has no input '{spec.name}'",
+                               hint="the exporter dropped an input that the model does not use, or renamed it"))
+            continue
+        for axis, d in enumerate(spec.shape):
+            if not isinstance(d, str):
+                continue
+            got = io["shape"][axis] if io["shape"] and axis < len(io["shape"]) else None
+            rng = (dims or {}).get(d)
+            symbolic = not isinstance(got, int)
+            dim_checks.append(DimCheck(spec.name, axis, d, symbolic, got if isinstance(got, int) else None,
+                                       getattr(rng, "min", None), getattr(rng, "max", None)))
+            if not symbolic:
+                diags.append(error(
+                    "dynamic-dim-fixed",
+                    f"input '{spec.name}' axis {axis} ('{d}') was declared dynamic but came out fixed to {got}",
+                    hint="the model ties this size to a constant (e.g. a Linear's in_features or a hard-coded "
+                         "reshape); declare it fixed in --input, or make the model accept any size",
+                ))
+    return dim_checks, diags
