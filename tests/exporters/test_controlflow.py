@@ -380,3 +380,20 @@ def test_a_source_path_cut_mid_name_by_torch_logs_is_still_found():
     assert same_file("/tmp/proj/tests/model.py", "mp/proj/tests/model.py")
     assert same_file("/work/proj/model.py", "model.py") and same_file("/work/proj/a/model.py", "a/model.py")
     assert not same_file("/work/proj/my_model.py", "model.py") and not same_file("/w/b/model.py", "a/model.py")
+
+
+def test_a_model_holding_a_tensor_with_a_grad_fn_is_still_copied():
+    """A module that cached a tensor computed with autograd on (RAFT's correlation pyramid after a trace): the
+    copy the rewrites work on detaches it instead of failing (deepcopy refuses non-leaf tensors)."""
+    import copy
+
+    import torch
+
+    from onnxport.exporters.controlflow import copied
+
+    m = torch.nn.Linear(2, 2)
+    m.cache = [m(torch.randn(1, 2))]
+    with pytest.raises(RuntimeError):
+        copy.deepcopy(m)
+    c = copied(m)
+    assert c.cache[0].grad_fn is None and torch.equal(c.cache[0], m.cache[0]) and c is not m

@@ -44,6 +44,22 @@ class Rewrite:
 # --------------------------------------------------------------------------- reading forward()
 
 
+def copied(module: nn.Module) -> nn.Module:
+    """A deep copy of ``module``. A tensor a module kept from an earlier forward (RAFT's correlation pyramid,
+    cached while the TorchScript exporter traced it with autograd on) carries a grad_fn, which deepcopy refuses:
+    such attributes are detached first (their values unchanged)."""
+    def detached(v):
+        return v.detach() if isinstance(v, torch.Tensor) and v.grad_fn is not None else v
+
+    for mod in module.modules():
+        for name, value in list(vars(mod).items()):
+            if isinstance(value, (torch.Tensor, list, tuple, dict)) and not name.startswith("_") and any(
+                    isinstance(v, torch.Tensor) and v.grad_fn is not None
+                    for v in torch.utils._pytree.tree_leaves(value)):
+                setattr(mod, name, torch.utils._pytree.tree_map(detached, value))
+    return copy.deepcopy(module)
+
+
 def same_file(a: str, b: str) -> bool:
     """Whether two paths name the same source file (one may be relative to the other, or cut mid-name: torch's
     logs drop the characters a file's path shares with torch's own location, e.g. ``mp/proj/model.py`` for
@@ -128,7 +144,7 @@ def with_cond(flat: nn.Module, lines: Iterable[Line], loops: bool = False) -> tu
     """A copy of the flat wrapper whose modules' branches on ``lines`` are ``torch.cond`` calls (and with
     ``loops``, whose loops over a dynamic size there are ``scan`` calls)."""
     lines = list(lines)
-    flat = copy.deepcopy(flat)
+    flat = copied(flat)
     rewrites: list[Rewrite] = []
     for path, mod in flat.model.named_modules():
         made = cond_forward(mod, lines, loops)
@@ -170,7 +186,7 @@ class ScriptTry:
 def with_script(flat: nn.Module, lines: Iterable[Line] = ()) -> tuple[nn.Module, list[ScriptTry]]:
     """A copy of the flat wrapper with the user's model scripted, or else the submodules that hold control flow
     (outermost first; a module is not tried when an ancestor was scripted). Raises when nothing could be."""
-    flat = copy.deepcopy(flat)
+    flat = copied(flat)
     tries: list[ScriptTry] = []
 
     def attempt(path: str, mod: nn.Module) -> nn.Module | None:
