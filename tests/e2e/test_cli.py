@@ -226,6 +226,7 @@ def test_bench_report_and_convert_commands(tmp_path):
     assert all("--variants all" in why for name, why in not_built.items() if name in onnxruntime)
     assert rep["best"]["name"] in names and (conv / "best.onnx").is_file() and "optimize" in rep["timings"]
     assert "variants" in proc.stderr and "not built" in proc.stderr
+    assert "p50 ms b8" in proc.stderr and "geometric mean" in proc.stderr  # what the best is chosen by, shown
     assert rep["log"] == "onnxport.log" and (conv / "onnxport.log").is_file()
     plain = tmp_path / "PLAIN"
     proc = run_cli("convert", f"{MODELS}:TinyMLP", "-i", "x:float32[batch,8]", "-o", str(plain), "--no-bench",

@@ -143,15 +143,17 @@ def _print_variants(rep: dict, out: Path) -> None:
     not_built = [v["name"] for v in entries if v.get("skip_reason") in NOT_BUILT]
     shown = [v for v in entries if v["name"] not in not_built]
     if shown:
-        at = (rep.get("best") or {}).get("timed_at") or {}
+        batches = sorted({k for v in shown for k in (v.get("latency_ms") or {})}, key=int) or ["1"]
+        at = {**((rep.get("best") or {}).get("timed_at") or {}), "batch": ", ".join(batches)}
         where = ", ".join(f"{k} {v}" for k, v in at.items())
-        t = Table(title="variants (each re-proven against PyTorch" + (f"; timed at {where})" if where else ")"))
+        t = Table(title=f"variants (each re-proven against PyTorch; timed at {where}; speedup: geometric mean over "
+                        "the batches, what the best is chosen by)")
         on_samples = any(v.get("samples") for v in shown)
         for col in ("variant", "nodes", "MB", "max abs err", "metric", *(["on samples"] if on_samples else []),
-                    "p50 ms b1", "speedup", "verdict"):
+                    *(f"p50 ms b{k}" for k in batches), "speedup", "verdict"):
             t.add_column(col)
         for v in shown:
-            row = _variant_row(rep, v)
+            row = _variant_row(rep, v, batches)
             t.add_row(*(row[:5] + [_sample_metric(v)] + row[5:] if on_samples else row))
         err.print(t)
     if not_built:
@@ -159,10 +161,13 @@ def _print_variants(rep: dict, out: Path) -> None:
                   "--variants all builds them)")
 
 
-def _variant_row(rep: dict, v: dict) -> list:
+def _variant_row(rep: dict, v: dict, batches: list[str]) -> list:
+    """One variant's row; ``speedup`` is the geometric mean over the batches timed (what the best is chosen by),
+    the batch-1 figure where that is all there is."""
     m = v.get("metric") or {}
     metric = f"{m.get('name')} {m.get('value'):.4f} (≥ {m.get('threshold')})" if m.get("value") is not None else "-"
-    lat = (v.get("latency_ms") or {}).get("1")
+    lat = v.get("latency_ms") or {}
+    speedup = (v.get("details") or {}).get("geomean_speedup") or v.get("speedup")
     if v.get("skipped"):
         verdict = f"[dim]– {escape(str(v['skipped'])[:100])}[/]"
     else:
@@ -171,8 +176,9 @@ def _variant_row(rep: dict, v: dict) -> list:
         verdict += " [bold]best[/]"
     mae = v.get("max_abs_err")
     return [v["name"], str(v.get("nodes") or "-"), f"{(v.get('bytes') or 0) / 1e6:.1f}",
-            "-" if mae is None else f"{mae:.2e}", metric, "-" if lat is None else f"{lat:.2f}",
-            "-" if v.get("speedup") is None else f"{v['speedup']:.2f}×", Text.from_markup(verdict)]
+            "-" if mae is None else f"{mae:.2e}", metric,
+            *("-" if lat.get(k) is None else f"{lat[k]:.2f}" for k in batches),
+            "-" if speedup is None else f"{speedup:.2f}×", Text.from_markup(verdict)]
 
 
 def _sample_metric(v: dict) -> str:
