@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from onnxport import decoder
+from onnxport.bench import best_of
 from onnxport.decoder.variants import speed, torch_greedy
 from onnxport.runtime.sessions import CPU, session
 
@@ -42,15 +43,6 @@ def build(quick: bool):
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**(QUICK if quick else FULL))).eval()
     return model, sum(p.numel() for p in model.parameters())
-
-
-def _best_of(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def eager_speed(model, layout, batch: int, prompt: int, tokens: int, repeats: int) -> tuple[float, float]:
@@ -78,8 +70,8 @@ def generate_speed(model, layout, batch: int, prompt: int, tokens: int, repeats:
             model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
 
     generate(2)
-    first = _best_of(lambda: generate(1), repeats)
-    total = _best_of(lambda: generate(1 + tokens), repeats)
+    first = best_of(lambda: generate(1), repeats)
+    total = best_of(lambda: generate(1 + tokens), repeats)
     return first, batch * tokens / max(total - first, 1e-9)
 
 

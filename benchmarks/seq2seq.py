@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from onnxport import seq2seq
+from onnxport.bench import best_of
 from onnxport.seq2seq.prove import reference_generate
 
 FULL = dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_decoder_layers=6, num_heads=8)
@@ -39,20 +40,11 @@ def build(quick: bool):
     return model, sum(p.numel() for p in model.parameters())
 
 
-def _best_of(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
 def speeds(run, repeats: int, batch: int) -> dict:
     """``run(n)`` generates n tokens per row: first-token ms and decode tokens/s over all rows (the time of
     TOKENS + 1 tokens minus the time of 1)."""
-    first = _best_of(lambda: run(1), repeats)
-    full = _best_of(lambda: run(TOKENS + 1), repeats)
+    first = best_of(lambda: run(1), repeats)
+    full = best_of(lambda: run(TOKENS + 1), repeats)
     return {"first_token_ms": round(first * 1000, 1),
             "decode_tok_s": round(batch * TOKENS / max(full - first, 1e-9), 1)}
 

@@ -5,7 +5,7 @@ cached fp32 GEMM peak of the CPU, the matmul peaks of a GPU), ``tuning`` (sessio
 """
 
 from onnxport.bench.flopcount import FlopCount, flops
-from onnxport.bench.harness import interleave, stats, timed_blocks
+from onnxport.bench.harness import best_of, interleave, stats, timed_blocks
 from onnxport.bench.peak import (
     cache_dir,
     device_peak,
@@ -20,6 +20,6 @@ from onnxport.bench.peak import (
 from onnxport.bench.runs import BenchResult, Run, bench_sizes, run, sizes_at
 from onnxport.bench.tuning import TUNE_KEYS, tune
 
-__all__ = ["TUNE_KEYS", "BenchResult", "FlopCount", "Run", "bench_sizes", "cache_dir", "device_peak", "flops",
+__all__ = ["TUNE_KEYS", "BenchResult", "FlopCount", "Run", "bench_sizes", "best_of", "cache_dir", "device_peak", "flops",
            "gemm_peak", "gpu_peak", "gpu_peak_key", "interleave", "measure_gemm", "measure_gpu_gemm", "peak_gflops",
            "peak_key", "run", "sizes_at", "stats", "timed_blocks", "tune"]

@@ -27,6 +27,16 @@ def stats(times_s: Sequence[float], batch: int) -> dict:
             "throughput": batch / mean if mean > 0 else float("inf")}
 
 
+def best_of(fn: Callable[[], object], repeats: int) -> float:
+    """The shortest of ``repeats`` runs of ``fn``, in seconds (a whole run timed: a generation loop, a pipeline)."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
 def interleave(names: Sequence[str], round_index: int) -> list[str]:
     """The backend order of one round: ``names`` rotated by the round number."""
     if not names:

@@ -59,18 +59,31 @@ def stream_greedy(sess, layout: CacheLayout, input_ids: np.ndarray, attention_ma
     outputs = list(layout.output_names)
     for _ in range(max_new_tokens):
         logits, *past = sess.run(outputs, step_feeds(layout, ids, mask, past))
-        token = logits[:, -1].argmax(-1).astype(np.int64)
+        token, ended = greedy_token(logits, done, eos_token_id)
         yield token
-        if eos_token_id is not None:
-            done |= token == eos_token_id
-            if done.all():
-                return
+        if ended:
+            return
         ids = token[:, None]
         mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
+
+
+def greedy_token(logits: np.ndarray, done: np.ndarray, eos_token_id: int | None) -> tuple[np.ndarray, bool]:
+    """Each row's greedy token from the last position of ``logits``, and whether every row has now ended
+    (``done`` marks in place the rows that produced ``eos_token_id``)."""
+    token = logits[:, -1].argmax(-1).astype(np.int64)
+    if eos_token_id is None:
+        return token, False
+    done |= token == eos_token_id
+    return token, bool(done.all())
+
+
+def stacked(steps: list[np.ndarray], batch: int) -> np.ndarray:
+    """The tokens of each step as [batch, steps] token ids (no steps: [batch, 0])."""
+    return np.stack(steps, axis=1) if steps else np.zeros((batch, 0), np.int64)
 
 
 def generate_greedy(sess, layout: CacheLayout, input_ids: np.ndarray, attention_mask: np.ndarray,
                     max_new_tokens: int, eos_token_id: int | None = None) -> np.ndarray:
     """All of :func:`stream_greedy` at once: [batch, steps] token ids."""
-    steps = list(stream_greedy(sess, layout, input_ids, attention_mask, max_new_tokens, eos_token_id))
-    return np.stack(steps, axis=1) if steps else np.zeros((input_ids.shape[0], 0), np.int64)
+    return stacked(list(stream_greedy(sess, layout, input_ids, attention_mask, max_new_tokens, eos_token_id)),
+                   input_ids.shape[0])

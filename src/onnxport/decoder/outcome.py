@@ -3,11 +3,11 @@ generations as diagnostics, so ``report.json`` keeps its contract and gains a ``
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from onnxport.core.diagnostics import Diagnostic, error, info
 from onnxport.core.records import Attempt, CaseResult, ExportResult, Failure, ParityResult
-from onnxport.decoder.records import DecoderOutcome, DecoderVariants, StepCase
+from onnxport.decoder.records import DecoderOutcome, DecoderVariants, GenerationCheck, StepCase
 from onnxport.prove.check import check
 from onnxport.report.build import Outcome
 from onnxport.sources.base import LoadedModel
@@ -16,8 +16,7 @@ from onnxport.sources.base import LoadedModel
 def _case(c: StepCase, kv_heads: int, head_dim: int) -> CaseResult:
     label = f"batch {c.batch}, past {c.past}, {c.new} new"
     shapes = {"input_ids": [c.batch, c.new], "past_key_values.0.key": [c.batch, kv_heads, c.past, head_dim]}
-    worst = max(c.max_abs_err_logits, c.max_abs_err_presents)
-    return CaseResult(label, shapes, "random", worst, c.max_rel_err, c.passed, c.error,
+    return CaseResult(label, shapes, "random", c.max_abs_err, c.max_rel_err, c.passed, c.error,
                       {"logits": {"max_abs_err": c.max_abs_err_logits, "passed": c.passed},
                        "presents": {"max_abs_err": c.max_abs_err_presents, "passed": c.passed}},
                       sizes={"batch": c.batch, "past": c.past, "seq": c.new},
@@ -30,17 +29,24 @@ def _attempts(dec: DecoderOutcome) -> tuple[Attempt, ...]:
     return (*tried, Attempt("dynamo", True, dec.export.seconds, dec.export.opset, note=note))
 
 
-def diagnostics(dec: DecoderOutcome) -> list[Diagnostic]:
-    """What the proof found, the failing generation first; then what the export was set to."""
+def diverged(generations: Sequence[GenerationCheck], lengths: str, made_by: str, hint: str) -> list[Diagnostic]:
+    """A ``generation-diverged`` error for each failing generation (``lengths``: what its prompt lengths are
+    called; ``made_by``: how the exported files are named in the sentence, with its leading space)."""
     out: list[Diagnostic] = []
-    for g in dec.proof.generations:
+    for g in generations:
         if not g.passed:
             where = g.error or f"first differs at step {g.first_divergent_step}"
             out.append(error("generation-diverged",
-                             f"greedy generation '{g.name}' ({g.batch} row(s), prompts {list(g.prompt_lengths)}) "
-                             f"does not equal model.generate: {where}",
-                             hint="see the step cases below; a failing step case names the past length where "
-                                  "logits or presents part"))
+                             f"greedy generation '{g.name}' ({g.batch} row(s), {lengths} {list(g.prompt_lengths)})"
+                             f"{made_by} does not equal model.generate: {where}", hint=hint))
+    return out
+
+
+def diagnostics(dec: DecoderOutcome) -> list[Diagnostic]:
+    """What the proof found, the failing generation first; then what the export was set to."""
+    out = diverged(dec.proof.generations, "prompts", "",
+                   "see the step cases below; a failing step case names the past length where logits or presents "
+                   "part")
     failed = [c for c in dec.proof.cases if not c.passed]
     if failed:
         c = failed[0]

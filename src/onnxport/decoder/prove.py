@@ -79,14 +79,9 @@ def generation_check(name: str, sess, model: nn.Module, layout: CacheLayout, inp
                      attention_mask: torch.Tensor, new_tokens: int) -> GenerationCheck:
     """``new_tokens`` greedy tokens by :func:`greedy` against ``model.generate(do_sample=False)``."""
     lengths = tuple(int(n) for n in attention_mask.sum(-1))
-    try:
-        got = greedy(sess, layout, input_ids.numpy(), attention_mask.numpy(), new_tokens)
-        want = reference_generate(model, input_ids, attention_mask, new_tokens)
-    except UsageError:
-        raise
-    except Exception as e:  # noqa: BLE001 - recorded as the generation's failure
-        return GenerationCheck(name, len(lengths), lengths, new_tokens, (), None, one_line(e, 240))
-    return GenerationCheck.judged(name, lengths, new_tokens, got, want)
+    return GenerationCheck.of(name, lengths, new_tokens, lambda: (
+        greedy(sess, layout, input_ids.numpy(), attention_mask.numpy(), new_tokens),
+        reference_generate(model, input_ids, attention_mask, new_tokens)))
 
 
 def greedy(sess, layout: CacheLayout, input_ids: np.ndarray, attention_mask: np.ndarray,

@@ -3,11 +3,13 @@ generation and the whole outcome (frozen dataclasses with ``to_dict`` for the re
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from onnxport.core.errors import UsageError, one_line
 from onnxport.core.records import Tolerance
 from onnxport.optimize.gates import GATES
 from onnxport.optimize.passes import MIN_GAIN, clearly_faster
@@ -94,6 +96,11 @@ class StepCase:
     passed: bool
     error: str | None = None
 
+    @property
+    def max_abs_err(self) -> float:
+        """The largest error of this step over everything it compares."""
+        return max(self.max_abs_err_logits, self.max_abs_err_presents)
+
     def to_dict(self) -> dict:
         return {"batch": self.batch, "past": self.past, "new": self.new,
                 "max_abs_err_logits": self.max_abs_err_logits, "max_abs_err_presents": self.max_abs_err_presents,
@@ -123,6 +130,19 @@ class GenerationCheck:
             first = len(agree)
         return cls(name, len(lengths), lengths, new_tokens, agree, first)
 
+    @classmethod
+    def of(cls, name: str, lengths: tuple[int, ...], new_tokens: int,
+           both: Callable[[], tuple[np.ndarray, np.ndarray]]) -> GenerationCheck:
+        """:meth:`judged` on what ``both()`` returns (the exported model's tokens, ``generate()``'s); an exception
+        it raises is the generation's failure, recorded (a UsageError is the user's, raised)."""
+        try:
+            got, want = both()
+        except UsageError:
+            raise
+        except Exception as e:  # noqa: BLE001 - recorded as the generation's failure
+            return cls(name, len(lengths), lengths, new_tokens, (), None, one_line(e, 240))
+        return cls.judged(name, lengths, new_tokens, got, want)
+
     @property
     def passed(self) -> bool:
         return self.error is None and self.first_divergent_step is None and len(self.agreement) == self.new_tokens
@@ -136,7 +156,8 @@ class GenerationCheck:
 
 @dataclass(frozen=True)
 class DecoderProof:
-    """Every step case and every generation, judged with ``tolerance``."""
+    """Every step case and every generation, judged with ``tolerance`` (the encoder-decoder's proof is the same
+    record over its own step cases: :class:`onnxport.seq2seq.records.Seq2SeqProof`)."""
 
     tolerance: Tolerance
     cases: tuple[StepCase, ...]
@@ -148,7 +169,7 @@ class DecoderProof:
 
     @property
     def max_abs_err(self) -> float:
-        return max((max(c.max_abs_err_logits, c.max_abs_err_presents) for c in self.cases), default=0.0)
+        return max((c.max_abs_err for c in self.cases), default=0.0)
 
     def to_dict(self) -> dict:
         return {"passed": self.passed, "tolerance": self.tolerance.to_dict(), "max_abs_err": self.max_abs_err,

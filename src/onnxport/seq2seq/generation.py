@@ -11,6 +11,7 @@ from typing import NamedTuple
 import numpy as np
 
 from onnxport.core.errors import UsageError
+from onnxport.decoder.generation import greedy_token, stacked
 from onnxport.seq2seq.records import DECODER_FILE, ENCODER_FILE, WITH_PAST_FILE, Seq2SeqLayout, final_name
 
 
@@ -76,17 +77,14 @@ def stream_greedy(sessions: Sessions, layout: Seq2SeqLayout, inputs: Sequence[np
                                                                cross[2 * i + 1])]
             logits, *own = sessions.with_past.run(list(layout.with_past_outputs),
                                                   {"input_ids": ids, **masks, **dict(zip(names, cache))})
-        token = logits[:, -1].argmax(-1).astype(np.int64)
+        token, ended = greedy_token(logits, done, eos_token_id)
         yield token
-        if eos_token_id is not None:
-            done |= token == eos_token_id
-            if done.all():
-                return
+        if ended:
+            return
         ids = token[:, None]
 
 
 def generate_greedy(sessions: Sessions, layout: Seq2SeqLayout, inputs: Sequence[np.ndarray], max_new_tokens: int,
                     eos_token_id: int | None = None) -> np.ndarray:
     """All of :func:`stream_greedy` at once: [batch, steps] token ids."""
-    steps = list(stream_greedy(sessions, layout, inputs, max_new_tokens, eos_token_id))
-    return np.stack(steps, axis=1) if steps else np.zeros((inputs[0].shape[0], 0), np.int64)
+    return stacked(list(stream_greedy(sessions, layout, inputs, max_new_tokens, eos_token_id)), inputs[0].shape[0])

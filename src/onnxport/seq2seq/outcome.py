@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 from onnxport.core.diagnostics import Diagnostic, error, info
 from onnxport.core.records import Attempt, CaseResult, ExportResult, Failure, ParityResult
+from onnxport.decoder.outcome import diverged
 from onnxport.prove.check import check
 from onnxport.report.build import Outcome
 from onnxport.seq2seq.records import Seq2SeqCase, Seq2SeqOutcome
@@ -18,8 +19,7 @@ def _case(c: Seq2SeqCase, heads: int, head_dim: int) -> CaseResult:
              f"{c.new} new ({c.file})")
     shapes = {"encoder input": [c.batch, c.source], "input_ids": [c.batch, c.new],
               "past_key_values.0.decoder.key": [c.batch, heads, c.past, head_dim]}
-    worst = max(c.max_abs_err_encoder, c.max_abs_err_logits, c.max_abs_err_presents)
-    return CaseResult(label, shapes, "random", worst, 0.0, c.passed, c.error,
+    return CaseResult(label, shapes, "random", c.max_abs_err, 0.0, c.passed, c.error,
                       {"last_hidden_state": {"max_abs_err": c.max_abs_err_encoder, "passed": c.passed},
                        "logits": {"max_abs_err": c.max_abs_err_logits, "passed": c.passed},
                        "presents": {"max_abs_err": c.max_abs_err_presents, "passed": c.passed}},
@@ -29,14 +29,8 @@ def _case(c: Seq2SeqCase, heads: int, head_dim: int) -> CaseResult:
 
 def diagnostics(made: Seq2SeqOutcome) -> list[Diagnostic]:
     """What the proof found, the failing generation first."""
-    out: list[Diagnostic] = []
-    for g in made.proof.generations:
-        if not g.passed:
-            where = g.error or f"first differs at step {g.first_divergent_step}"
-            out.append(error("generation-diverged",
-                             f"greedy generation '{g.name}' ({g.batch} row(s), sources {list(g.prompt_lengths)}) "
-                             f"with the three files does not equal model.generate: {where}",
-                             hint="see the step cases below; a failing case names the file and the lengths"))
+    out = diverged(made.proof.generations, "sources", " with the three files",
+                   "see the step cases below; a failing case names the file and the lengths")
     failed = [c for c in made.proof.cases if not c.passed]
     if failed:
         c = failed[0]

@@ -110,14 +110,9 @@ def prove_seq2seq(model: nn.Module, layout: Seq2SeqLayout, sessions: Sessions, *
 def generation_check(name: str, sessions: Sessions, model: nn.Module, layout: Seq2SeqLayout, inputs: list,
                      lengths: tuple[int, ...], new_tokens: int) -> GenerationCheck:
     """``new_tokens`` greedy tokens by :func:`generate_greedy` against ``model.generate(do_sample=False)``."""
-    try:
-        got = generate_greedy(sessions, layout, [t.numpy() for t in inputs], new_tokens)
-        want = reference_generate(model, layout, inputs, new_tokens)
-    except UsageError:
-        raise
-    except Exception as e:  # noqa: BLE001 - recorded as the generation's failure
-        return GenerationCheck(name, len(lengths), lengths, new_tokens, (), None, one_line(e, 240))
-    return GenerationCheck.judged(name, lengths, new_tokens, got, want)
+    return GenerationCheck.of(name, lengths, new_tokens, lambda: (
+        generate_greedy(sessions, layout, [t.numpy() for t in inputs], new_tokens),
+        reference_generate(model, layout, inputs, new_tokens)))
 
 
 PLAIN_GREEDY = dict(do_sample=False, num_beams=1, min_new_tokens=0, use_cache=True,

@@ -7,8 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from onnxport.core.records import Tolerance
-from onnxport.decoder.records import DecoderVariants, GenerationCheck
+from onnxport.decoder.records import DecoderProof, DecoderVariants
 
 ENCODER_FILE = "encoder_model.onnx"
 DECODER_FILE = "decoder_model.onnx"
@@ -124,6 +123,11 @@ class Seq2SeqCase:
     def file(self) -> str:
         return DECODER_FILE if self.past == 0 else WITH_PAST_FILE
 
+    @property
+    def max_abs_err(self) -> float:
+        """The largest error of this step: encoder output, logits or presents."""
+        return max(self.max_abs_err_encoder, self.max_abs_err_logits, self.max_abs_err_presents)
+
     def to_dict(self) -> dict:
         return {"batch": self.batch, "source": self.source, "past": self.past, "new": self.new,
                 "padded": self.padded, "file": self.file, "max_abs_err_encoder": self.max_abs_err_encoder,
@@ -132,25 +136,11 @@ class Seq2SeqCase:
 
 
 @dataclass(frozen=True)
-class Seq2SeqProof:
-    """Every step case and every generation, judged with ``tolerance``."""
+class Seq2SeqProof(DecoderProof):
+    """Every step case (encoder run first) and every generation, judged with ``tolerance``: a decoder's proof
+    record over :class:`Seq2SeqCase` steps."""
 
-    tolerance: Tolerance
     cases: tuple[Seq2SeqCase, ...]
-    generations: tuple[GenerationCheck, ...]
-
-    @property
-    def passed(self) -> bool:
-        return all(c.passed for c in self.cases) and all(g.passed for g in self.generations)
-
-    @property
-    def max_abs_err(self) -> float:
-        return max((max(c.max_abs_err_encoder, c.max_abs_err_logits, c.max_abs_err_presents) for c in self.cases),
-                   default=0.0)
-
-    def to_dict(self) -> dict:
-        return {"passed": self.passed, "tolerance": self.tolerance.to_dict(), "max_abs_err": self.max_abs_err,
-                "cases": [c.to_dict() for c in self.cases], "generations": [g.to_dict() for g in self.generations]}
 
 
 @dataclass(frozen=True)

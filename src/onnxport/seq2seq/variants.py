@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from onnxport.bench import best_of
 from onnxport.core.errors import UsageError, one_line
 from onnxport.core.logs import Progress, noop
 from onnxport.core.onnxfile import copy_model, file_bytes
@@ -110,12 +111,7 @@ def decode_speed(sessions: Sessions, layout: Seq2SeqLayout, batch: int = 1) -> t
     inputs = [t.numpy() for t in encoder_inputs(layout, batch, min(SPEED_SOURCE, layout.max_source), seed=300)]
 
     def best(n: int) -> float:
-        times = []
-        for _ in range(REPEATS):
-            t0 = time.perf_counter()
-            generate_greedy(sessions, layout, inputs, n)
-            times.append(time.perf_counter() - t0)
-        return min(times)
+        return best_of(lambda: generate_greedy(sessions, layout, inputs, n), REPEATS)
 
     first = best(1)
     return tokens / max(best(tokens + 1) - first, 1e-9), first * 1000
