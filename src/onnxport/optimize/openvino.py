@@ -28,6 +28,7 @@ from onnxport.core.errors import one_line
 from onnxport.optimize.context import BuildContext, BuildOutcome, Skip
 from onnxport.optimize.result import SkipReason
 from onnxport.runtime.openvino import LATENCY, OPENVINO, bf16_missing, openvino_missing, openvino_version
+from onnxport.runtime.sessions import session
 from onnxport.runtime.variant_sessions import SessionOptions, open_for
 
 __all__ = ["OPENVINO_VARIANTS", "PRECISION_OF", "build_openvino", "build_openvino_bf16", "build_openvino_int8",
@@ -112,17 +113,13 @@ def onnxruntime_opens(path: Path) -> str:
     """How onnxruntime opens a file built for OpenVINO: "opens" (at its defaults), "opens only at graph
     optimization level basic: …" or "does not open: …" (NNCF's signed int8 activations trip onnxruntime's own
     QDQ rewrites above the basic level)."""
-    import onnxruntime as ort
-
     try:
-        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        session(path)
         return "opens"
     except Exception as e:  # noqa: BLE001 - what onnxruntime says is the record
         why = one_line(e)
-    basic = ort.SessionOptions()
-    basic.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     try:
-        ort.InferenceSession(str(path), basic, providers=["CPUExecutionProvider"])
+        session(path, opt_level="basic")
         return f"opens only at graph optimization level basic (at its defaults: {why})"
     except Exception as e:  # noqa: BLE001
         return f"does not open: {one_line(e)}"
