@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+from collections.abc import Sequence
 from pathlib import Path
 
 from onnxport.exporters.opsets import exporter_max_opset, onnxruntime_max_opset
@@ -14,7 +15,7 @@ from onnxport.runtime.sessions import unloadable_providers
 PACKAGES = ("torch", "torchvision", "onnx", "onnxruntime", "onnxscript", "onnx-ir", "transformers", "timm",
             "onnxslim", "numpy")
 _CPU_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile",
-              "amx_int8", "amx_bf16", "avx512_fp16", "amx_fp16", "f16c")
+              "amx_int8", "amx_bf16", "avx512_fp16", "amx_fp16", "f16c", "asimdhp", "asimddp", "bf16", "i8mm")
 
 
 ORT_DISTRIBUTIONS = ("onnxruntime-gpu", "onnxruntime", "onnxruntime-directml", "onnxruntime-openvino")
@@ -54,16 +55,38 @@ def onnxruntime_package() -> dict[str, str | None]:
     return {"onnxruntime": version, "onnxruntime_package": package}
 
 
+INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")  # int8 dot-product instructions
+
+
+def int8_dot(cpu_flags: Sequence[str]) -> str | None:
+    """The CPU's int8 dot-product feature (VNNI, AMX-INT8, Arm dot products) among ``cpu_flags``, None where it has
+    none (int8 matmuls then sum pairs in int16: AVX2's vpmaddubsw)."""
+    return next((f for f in INT8_DOT_FLAGS if f in cpu_flags), None)
+
+
+CPU_FLAGS_ENV = "ONNXPORT_CPU_FLAGS"  # "avx2,fma": plan as if the CPU had only these features (see cpu())
+
+
 def cpu() -> dict:
+    """The CPU's model, core count and the features onnxport plans by (``flags``, from /proc/cpuinfo). Where
+    $ONNXPORT_CPU_FLAGS is set (a comma-separated list, e.g. ``avx2,fma``) the plan is made as if the CPU had
+    only those (``flags_detected`` keeps what it has): to see what another CPU would be given, not to speed
+    anything up."""
     model, flags = platform.processor() or platform.machine(), set()
     info = Path("/proc/cpuinfo")
     if info.exists():
         for line in info.read_text(errors="replace").splitlines():
             if line.startswith("model name") and ":" in line:
                 model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and ":" in line:
+            elif (line.startswith("flags") or line.startswith("Features")) and ":" in line:
                 flags = set(line.split(":", 1)[1].split())
-    return {"model": model, "cores": os.cpu_count(), "flags": [f for f in _CPU_FLAGS if f in flags]}
+    detected = [f for f in _CPU_FLAGS if f in flags]
+    forced = os.environ.get(CPU_FLAGS_ENV)
+    if forced is None:
+        return {"model": model, "cores": os.cpu_count(), "flags": detected}
+    given = [f.strip().lower() for f in forced.replace(" ", ",").split(",") if f.strip()]
+    return {"model": model, "cores": os.cpu_count(), "flags": given, "flags_detected": detected,
+            "flags_from": CPU_FLAGS_ENV}
 
 
 def summary() -> dict:

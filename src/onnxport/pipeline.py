@@ -47,6 +47,7 @@ from onnxport.prove import compare as judging
 from onnxport.prove import samples as proving_samples
 from onnxport.prove.check import check
 from onnxport.prove.parity import compare
+from onnxport.prove.references import Refs, references
 from onnxport.report.build import Outcome, build_report, status_of
 from onnxport.runtime import ops
 from onnxport.sources import datasets, parse_model_args
@@ -82,6 +83,7 @@ class Run:
     result: ExportResult | None = None
     outcome: Outcome | None = None
     sample_refs: proving_samples.SampleRefs | None = None
+    references: Refs | None = None  # PyTorch's outputs on the proof's cases (the variants are judged on them)
     model_file: Path | None = None  # where the proven (or unproven) export now lies
     stopped: bool = False
     candidates: Candidates | None = None  # auto: the exporter chain, asked for its next file when one is not proven
@@ -350,9 +352,10 @@ def _prove(run: Run) -> Run:
 
 def _proof_of(run: Run, localize_failure: bool = True) -> Run:
     """The proof of ``run``'s export: check, parity, the samples."""
-    outcome = _check_and_compare(run, list(run.outcome.diagnostics), localize_failure).but(
-        log=run.options.log_name, stage_seconds=run.outcome.stage_seconds, custom_functions=run.outcome.custom_functions)
-    return _prove_samples(run.but(loaded=outcome.loaded, outcome=outcome))
+    outcome, refs = _check_and_compare(run, list(run.outcome.diagnostics), localize_failure)
+    outcome = outcome.but(log=run.options.log_name, stage_seconds=run.outcome.stage_seconds,
+                          custom_functions=run.outcome.custom_functions)
+    return _prove_samples(run.but(loaded=outcome.loaded, outcome=outcome, references=refs))
 
 
 def _worth_another_export(run: Run) -> bool:
@@ -392,7 +395,7 @@ def _optimize(run: Run) -> Run:
     run.progress("building and proving the optimized variants")
     made = optimize.variants(run.loaded, run.model_file, run.out, names=opt.variants, tolerance=run.options.proof.tolerance,
                              progress=run.progress, bench_seq=opt.seq, budget_s=opt.budget, device=run.device,
-                             samples=run.sample_refs)
+                             samples=run.sample_refs, known=run.references)
     notes = optimize.openvino.best_notes(made.best) if made.best is not None else []
     return run.but(outcome=run.outcome.but(optimized=made, diagnostics=(*run.outcome.diagnostics, *notes)))
 
@@ -403,10 +406,12 @@ def _bench(run: Run) -> Run:
     paths, own = _bench_backends(run)
     measured = bench_run(run.loaded, paths, progress=run.progress, extra_backends=own, batches=b.batches,
                          seq_lens=b.seq_lens, threads=b.threads, warmup=b.warmup, min_runs=b.min_runs,
-                         max_seconds=b.max_seconds, tune_ort=b.tune_ort, compile=b.compile,
+                         max_seconds=b.max_seconds, block=b.block, tune_ort=b.tune_ort, compile=b.compile,
                          io_binding=run.device == "cuda" if b.io_binding is None else b.io_binding,
                          device=run.device, providers=run.providers())
-    return run.but(outcome=run.outcome.but(benchmark=measured))
+    cache = (measured.peak or {}).get("cache_warning")
+    notes = [warning("peak-cache-unusable", cache, hint="set ONNXPORT_CACHE_DIR to a writable folder")] if cache else []
+    return run.but(outcome=run.outcome.but(benchmark=measured, diagnostics=(*run.outcome.diagnostics, *notes)))
 
 
 def _wants_variants(run: Run) -> bool:
@@ -481,9 +486,10 @@ def _prove_samples(run: Run) -> Run:
     return run.but(outcome=outcome, sample_refs=refs)
 
 
-def _check_and_compare(run: Run, diags: list[Diagnostic], localize_failure: bool = True) -> Outcome:
+def _check_and_compare(run: Run, diags: list[Diagnostic], localize_failure: bool = True) -> tuple[Outcome, Refs]:
     """The proof: structural check, branch coverage, parity on the case matrix, and the localization of the
-    first failing case. The returned outcome's ``loaded`` runs on the run's device."""
+    first failing case; with PyTorch's outputs on the cases. The returned outcome's ``loaded`` runs on the run's
+    device."""
     loaded, result, tolerance, timings = run.loaded, run.result, run.options.proof.tolerance, run.timings
     run.progress("checking the graph")
     t = time.perf_counter()
@@ -501,8 +507,9 @@ def _check_and_compare(run: Run, diags: list[Diagnostic], localize_failure: bool
     diags.extend(diagnose.placement(placed, result))
     loaded = runtime.loaded_on_device(loaded, run.device)
     with _strict_on_gpu(run.device):  # fp32 proven as fp32: TF32 off on both sides (onnxruntime's in GpuOptions)
+        refs = references(loaded, cases)
         parity = compare(loaded, result.path, cases=cases, tolerance=tolerance, dim_checks=checked.dynamic_dims,
-                         sess=sess)
+                         sess=sess, refs=refs)
     del sess
     diags.extend(diagnose.unreached_branches(sites, loaded))
     timings["parity"] = time.perf_counter() - t
@@ -521,7 +528,7 @@ def _check_and_compare(run: Run, diags: list[Diagnostic], localize_failure: bool
     return Outcome(loaded, run.options.command, tuple(diags), dict(timings), export=result, check=checked,
                    parity=parity, batch_invariance=invariance, branches=tuple(sites), placement=placed,
                    divergence=divergence,
-                   divergence_module=diagnose.label(loaded, divergence.module) if divergence else None)
+                   divergence_module=diagnose.label(loaded, divergence.module) if divergence else None), refs
 
 
 def _batch_invariance(run: Run, loaded: LoadedModel, diags: list[Diagnostic]) -> BatchInvariance | None:

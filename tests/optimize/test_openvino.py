@@ -14,6 +14,7 @@ from onnxport.api import load_model
 from onnxport.exporters.chain import export
 from onnxport.optimize import openvino as ov_variants
 from onnxport.optimize.context import BuildContext, Skip
+from onnxport.optimize.nncf_int8 import overflow_fix
 from onnxport.optimize.plan import default_plan
 from onnxport.optimize.policy import tolerance_policy
 from onnxport.optimize.result import SkipReason, Variant
@@ -46,17 +47,41 @@ def test_skipped_without_openvino_or_bf16(monkeypatch, tmp_path):
     assert ov_variants.why_not_here("openvino", device="cuda")[1] is SkipReason.NOT_APPLICABLE
 
 
+AVX2 = ["avx2", "fma"]  # no VNNI, no native bf16
+VNNI = ["avx2", "avx512f", "avx512_vnni"]  # int8 dot products, no native bf16
+AMX = ["avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16"]
+
+
 def test_plan_takes_the_cpu_into_account(monkeypatch):
     loaded = load_model(f"{MODELS}:TinyMLP", inputs=["x:float32[batch,8]"])
     monkeypatch.setattr(ov_variants, "openvino_missing", lambda: None)
-    plan = default_plan(loaded, "cpu", ["avx2", "avx512_bf16"])
-    assert "openvino" in plan.build and "openvino-bf16" in plan.build
-    plan = default_plan(loaded, "cpu", ["avx2"])
+    monkeypatch.setattr(ov_variants, "nncf_missing", lambda: None)
+    plan = default_plan(loaded, "cpu", AMX)  # native bf16: bf16 instead of f32, no calibration
+    assert "openvino-bf16" in plan.build and "openvino" not in plan.build and "openvino-int8" not in plan.build
+    assert "native bf16" in plan.skipped["openvino"] and "native bf16" in plan.skipped["openvino-int8"]
+    assert "int8" in plan.build
+    plan = default_plan(loaded, "cpu", VNNI)  # int8 dot products without bf16: OpenVINO's int8 can win
+    assert {"openvino", "openvino-int8", "int8"} <= set(plan.build) and "openvino-bf16" in plan.skipped
+    plan = default_plan(loaded, "cpu", AVX2)  # neither: f32 only, the reason names the missing instructions
     assert "openvino" in plan.build and "openvino-bf16" in plan.skipped and "bf16" in plan.skipped["openvino-bf16"]
-    assert plan.reason("openvino-bf16") is SkipReason.NOT_BUILT
+    assert "openvino-int8" not in plan.build and "VNNI" in plan.skipped["openvino-int8"]
+    assert "--variants openvino-int8 builds it" in plan.skipped["openvino-int8"]
+    assert plan.reason("openvino-bf16") is SkipReason.NOT_BUILT and plan.reason("openvino-int8") is SkipReason.NOT_PLANNED
     monkeypatch.setattr(ov_variants, "openvino_missing", lambda: "not installed")
     plan = default_plan(loaded, "cpu", ["avx512_bf16"])
     assert "openvino" in plan.skipped and plan.reason("openvino") is SkipReason.NOT_BUILT
+
+
+def test_the_cpu_features_can_be_given(monkeypatch):
+    """$ONNXPORT_CPU_FLAGS plans as if the CPU had only those features, and says what it really has."""
+    from onnxport import environment
+
+    monkeypatch.setenv("ONNXPORT_CPU_FLAGS", "avx2, fma")
+    got = environment.cpu()
+    assert got["flags"] == ["avx2", "fma"] and got["flags_from"] == "ONNXPORT_CPU_FLAGS" and "flags_detected" in got
+    monkeypatch.delenv("ONNXPORT_CPU_FLAGS")
+    assert "flags_from" not in environment.cpu()
+    assert environment.int8_dot(AVX2) is None and environment.int8_dot(VNNI) == "avx512_vnni"
 
 
 def test_bf16_is_judged_by_the_task_metric():
@@ -218,6 +243,13 @@ def test_openvino_int8_keeps_the_sensitive_node_out_of_int8(tmp_path):
     assert sens["of"] == 2 and v.metric.value >= 0.99
     assert v.session_options["inference_precision"] == ov_variants.int8_precision()
     assert v.details["calibration"].startswith("16 generated inputs") and v.batch_invariant is not None
+    assert v.details["overflow_fix"] == overflow_fix()  # 7-bit weights where the CPU's int8 sums saturate
+
+
+def test_the_overflow_fix_follows_the_cpu():
+    """Without int8 dot products (AVX2) 8-bit weights saturate OpenVINO's int16 pair sums: NNCF's overflow fix is on
+    (7-bit weights everywhere); with VNNI or AMX-INT8 it is off."""
+    assert overflow_fix(AVX2) == "enable" and overflow_fix(VNNI) == "disable" and overflow_fix(AMX) == "disable"
 
 
 
@@ -231,11 +263,18 @@ def test_openvino_int8_says_how_onnxruntime_opens_it(mlp_run):
     if v.skipped:
         pytest.skip(v.reason)
     said = v.details["onnxruntime"]
+    from onnxport.core.errors import one_line
+
     try:
         ort.InferenceSession(str(out / v.path))
+        opens = None
+    except Exception as e:  # noqa: BLE001 - what onnxruntime says is compared below
+        opens = one_line(e)
+    if opens is None:
         assert said == "opens"
-    except Exception:  # noqa: BLE001
-        assert said.startswith("opens only at graph optimization level basic") or said.startswith("does not open")
+    else:
+        assert said.startswith(("opens only at graph optimization level basic", "does not open")), said
+        assert opens[:60] in said
 
 
 def test_an_openvino_best_is_said_with_how_onnxruntime_opens_it():

@@ -34,10 +34,20 @@ def peak_key(threads: int) -> str:
     return f"{environment.cpu()['model']} | {threads} threads"
 
 
+PEAK_SIZE = 1024  # the square GEMM the CPU peak is measured on: ~2 GFLOP, under a second on any 2-core CPU
+PEAK_REPEATS = 3
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # native bf16 arithmetic: elsewhere bf16 is converted, never a peak
+PEAK_SECONDS_MAX = 1.0  # a precision whose single GEMM takes longer is not timed further (no native kernel)
+
+
 def _time_best(fn: Callable[[], Any], repeats: int) -> float:
-    """The best of ``repeats`` timed calls of ``fn`` in seconds, after one untimed call."""
+    """The best of ``repeats`` timed calls of ``fn`` in seconds, after one untimed call (fewer repeats when one
+    call takes over :data:`PEAK_SECONDS_MAX`, so the measurement stays short and Ctrl-C acts between calls)."""
+    t0 = time.perf_counter()
     fn()
-    best = float("inf")
+    best = time.perf_counter() - t0  # the warm-up counts where it is all there is
+    if best > PEAK_SECONDS_MAX:
+        return best
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
@@ -45,12 +55,16 @@ def _time_best(fn: Callable[[], Any], repeats: int) -> float:
     return best
 
 
-def measure_gemm(threads: int, size: int = 2048, repeats: int = 5) -> dict:
-    """Best-of-``repeats`` fp32 GEMM speed of square ``size`` matrices: torch.mm and ONNX Runtime MatMul."""
+def measure_gemm(threads: int, size: int = PEAK_SIZE, repeats: int = PEAK_REPEATS,
+                 cpu_flags: Sequence[str] | None = None) -> dict:
+    """Best-of-``repeats`` GEMM speed of square ``size`` matrices: fp32 (torch.mm and ONNX Runtime MatMul, the
+    faster), int8 (ONNX Runtime MatMulInteger) and, where the CPU has native bf16 (``cpu_flags``, default: read
+    here), bf16 (torch.mm). Without native bf16 there is no bf16 peak: bf16 there runs through conversions."""
     import onnxruntime as ort
     import torch
     from onnx import TensorProto, helper, numpy_helper
 
+    t_start = time.perf_counter()
     work = 2.0 * size**3
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -76,16 +90,22 @@ def measure_gemm(threads: int, size: int = 2048, repeats: int = 5) -> dict:
     ort_s = _time_best(lambda: sess.run(None, feed), repeats)
     results = {"torch.mm": work / torch_s / 1e9, "onnxruntime MatMul": work / ort_s / 1e9}
     method = max(results, key=results.__getitem__)
-    by_precision = {"fp32": round(results[method], 2), "int8": round(measure_int8_gemm(threads, size, repeats), 2),
-                    "bf16": round(measure_bf16_gemm(threads, size, repeats), 2)}
+    flags = environment.cpu()["flags"] if cpu_flags is None else cpu_flags
+    native_bf16 = any(f in flags for f in BF16_FLAGS)
+    by_precision: dict[str, float | None] = {
+        "fp32": round(results[method], 2), "int8": round(measure_int8_gemm(threads, size, repeats), 2),
+        "bf16": round(measure_bf16_gemm(threads, size, repeats), 2) if native_bf16 else None}
     return {"gflops": round(results[method], 2), "method": method,
             "by_method": {k: round(v, 2) for k, v in results.items()}, "by_precision": by_precision,
-            "precision_methods": {"int8": "onnxruntime MatMulInteger (uint8 x int8)", "bf16": "torch.mm (bfloat16)"},
+            "precision_methods": {"int8": "onnxruntime MatMulInteger (uint8 x int8)",
+                                  "bf16": "torch.mm (bfloat16)" if native_bf16
+                                  else "not measured: this CPU has no native bf16 (AVX512-BF16 / AMX-BF16)"},
             "size": size, "repeats": repeats, "threads": threads,
+            "seconds": round(time.perf_counter() - t_start, 2),
             "measured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
 
 
-def measure_int8_gemm(threads: int, size: int = 2048, repeats: int = 5) -> float:
+def measure_int8_gemm(threads: int, size: int = PEAK_SIZE, repeats: int = PEAK_REPEATS) -> float:
     """GOP/s of ONNX Runtime's MatMulInteger on square ``size`` matrices (uint8 activations, int8 weights: the
     kernel dynamic int8 runs, on VNNI/AMX where the CPU has them)."""
     import onnxruntime as ort
@@ -107,7 +127,7 @@ def measure_int8_gemm(threads: int, size: int = 2048, repeats: int = 5) -> float
     return 2.0 * size**3 / _time_best(lambda: sess.run(None, {"A": a}), repeats) / 1e9
 
 
-def measure_bf16_gemm(threads: int, size: int = 2048, repeats: int = 5) -> float:
+def measure_bf16_gemm(threads: int, size: int = PEAK_SIZE, repeats: int = PEAK_REPEATS) -> float:
     """GFLOP/s of torch.mm in bfloat16 on square ``size`` matrices (AVX-512 BF16/AMX where the CPU has them)."""
     import torch
 
@@ -123,12 +143,13 @@ def measure_bf16_gemm(threads: int, size: int = 2048, repeats: int = 5) -> float
         torch.set_num_threads(saved)
 
 
-def gemm_peak(threads: int | None = None, *, cache_file: str | Path | None = None, size: int = 2048,
-              repeats: int = 5, refresh: bool = False) -> dict:
+def gemm_peak(threads: int | None = None, *, cache_file: str | Path | None = None, size: int = PEAK_SIZE,
+              repeats: int = PEAK_REPEATS, refresh: bool = False) -> dict:
     """The machine's measured fp32 GEMM peak (GFLOP/s) at ``threads``, cached per CPU model and thread count.
 
     The cache is a JSON file (default: ``cache_dir()/peak.json``); ``refresh`` measures again.
-    The result carries ``cached``: whether it came from the file.
+    The result carries ``cached``: whether it came from the file, and ``cache_warning`` when the file could not
+    be read or written (the measurement is then not kept: the next run measures again).
     """
     threads = threads or default_threads()
     path = Path(cache_file) if cache_file else cache_dir() / "peak.json"
@@ -138,8 +159,23 @@ def gemm_peak(threads: int | None = None, *, cache_file: str | Path | None = Non
     return found
 
 
+def cache_problem(path: Path) -> str | None:
+    """Why the measurement cache file ``path`` cannot be kept (None: it can): its folder cannot be made or
+    written, or the path is not a file."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return f"cannot create the cache folder {path.parent}: {e.strerror or e}"
+    if path.exists() and not path.is_file():
+        return f"the cache path {path} is not a file"
+    if not os.access(path.parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.R_OK | os.W_OK)):
+        return f"the cache {path} is not writable"
+    return None
+
+
 def _cached(path: Path, key: str, measure: Callable[[], dict], refresh: bool) -> dict:
-    """``path[key]`` when it holds a measurement (and not ``refresh``), else ``measure()`` stored there."""
+    """``path[key]`` when it holds a measurement (and not ``refresh``), else ``measure()`` stored there (with a
+    ``cache_warning`` when it cannot be stored)."""
     data: dict = {}
     try:
         data = json.loads(path.read_text())
@@ -149,20 +185,25 @@ def _cached(path: Path, key: str, measure: Callable[[], dict], refresh: bool) ->
         data = {}
     if not refresh and isinstance(data.get(key), dict) and data[key].get("gflops"):
         return {**data[key], "cached": True}
+    problem = cache_problem(path)
     measured = measure()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:  # merge with what another process may have written meanwhile
-            data = json.loads(path.read_text())
-            data = data if isinstance(data, dict) else {}
-        except (OSError, ValueError):
-            data = {}
-        data[key] = measured
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        os.replace(tmp, path)
-    except OSError:
-        pass  # an unwritable cache only costs a re-measurement next time
+    if problem is None:
+        try:
+            try:  # merge with what another process may have written meanwhile
+                data = json.loads(path.read_text())
+                data = data if isinstance(data, dict) else {}
+            except (OSError, ValueError):
+                data = {}
+            data[key] = measured
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data, indent=2) + "\n")
+            os.replace(tmp, path)
+        except OSError as e:
+            problem = f"cannot write the cache {path}: {e.strerror or e}"
+    if problem is not None:
+        return {**measured, "cached": False,
+                "cache_warning": f"{problem}; the GEMM peak is measured again on every run "
+                                 "(set ONNXPORT_CACHE_DIR to a writable folder)"}
     return {**measured, "cached": False}
 
 

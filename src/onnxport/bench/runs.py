@@ -23,7 +23,7 @@ import numpy as np
 from onnxport import environment
 from onnxport.bench.flopcount import flops
 from onnxport.bench.harness import stats, timed_blocks
-from onnxport.bench.peak import backend_precision, device_peak, peak_gflops
+from onnxport.bench.peak import backend_precision, cache_dir, device_peak, peak_gflops
 from onnxport.bench.tuning import tune
 from onnxport.core.errors import UsageError
 from onnxport.core.logs import Progress, noop
@@ -187,8 +187,11 @@ def run(loaded: LoadedModel, onnx_paths: dict[str, Path], *, batches: Sequence[i
     reference = next(iter(onnx_paths.values()), None)
     peak_info = None
     if peak:
-        say(f"measuring the {'GPU matmul' if device == 'cuda' else 'fp32 GEMM'} peak (cached after the first time)")
+        say(f"reading the {'GPU matmul' if device == 'cuda' else 'CPU GEMM'} peak for '% peak' (measured once per "
+            f"{'GPU' if device == 'cuda' else 'CPU and thread count, a few seconds'}; cached in {cache_dir()})")
         peak_info = device_peak(device, threads)
+        if peak_info.get("cache_warning"):
+            notes.append(f"warning: {peak_info['cache_warning']}")
     tuned = None
     if reference is not None and tune_ort:
         say("tuning ONNX Runtime session options")

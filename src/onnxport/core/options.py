@@ -111,13 +111,14 @@ class BenchOptions:
     warmup: int = 5
     min_runs: int = 50
     max_seconds: float = 10.0
+    block: int = 5  # timed calls per backend in a row (each round starts with an untimed one)
     tune_ort: bool = False
     compile: bool = False
     io_binding: bool | None = None  # None: on with --device cuda
     onnx_files: tuple[str | Path, ...] = ()  # files to time instead of a new export (the first is proven)
 
 
-QUICK_BENCH = BenchOptions(batches=(1, 8), warmup=2, min_runs=20, max_seconds=2.0)  # convert's short benchmark
+QUICK_BENCH = BenchOptions(batches=(1, 8), warmup=2, min_runs=20, max_seconds=1.5, block=2)  # convert's short one
 
 
 @dataclass(frozen=True)

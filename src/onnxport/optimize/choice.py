@@ -27,6 +27,7 @@ from onnxport.optimize.context import (
     BuildContext,
     Builder,
     BuildOutcome,
+    Refs,
     reference_outputs,
 )
 from onnxport.optimize.fusion import build_fused, transformer_params
@@ -34,7 +35,7 @@ from onnxport.optimize.gpu import build_cuda_graph, build_tensorrt, build_tf32
 from onnxport.optimize.graph import build_ort, build_slim, file_facts, relative, short_error
 from onnxport.optimize.openvino import build_openvino, build_openvino_bf16, build_openvino_int8
 from onnxport.optimize.passes import Budget, build_into, clearly_faster, each_variant, install_best
-from onnxport.optimize.plan import Plan, default_plan
+from onnxport.optimize.plan import DEFAULT_BUDGET_S, Plan, default_plan
 from onnxport.optimize.precision import build_fp16
 from onnxport.optimize.registry import MODEL, builder, judge, register
 from onnxport.optimize.result import (
@@ -237,7 +238,7 @@ def _confirm(final: list[Variant], timed: dict[str, Path], timing: _Timing,
         # longer, before it replaces the export (a noisy machine otherwise picks a slower file)
         say(f"confirming {best.name} against the plain export")
         again = timing.run({BASELINE: timed[BASELINE], best.name: timed[best.name]},
-                           seconds=max(2 * timing.seconds, 3.0))
+                           seconds=max(1.5 * timing.seconds, 2.0))
         mean = geomean_speedup(again.get(best.name, {}), again.get(BASELINE, {}))
         confirmed = None if mean is None else round(mean, 3)
         batches = ", ".join(again.get(BASELINE, {}))
@@ -353,7 +354,8 @@ def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path, *
              names: Sequence[str] | str | None = None, tolerance: Tolerance = FP32, cases: list[Case] | None = None,
              progress: Progress | None = None, bench_batches: Sequence[int] = (1, 8), bench_seq: int | None = None,
              bench_seconds: float = 1.5, budget_s: float | None = None, device: str = "cpu",
-             samples: SampleRefs | None = None, threads: int | None = None) -> OptimizeResult:
+             samples: SampleRefs | None = None, threads: int | None = None,
+             known: Refs | None = None) -> OptimizeResult:
     """Build the ``names`` variants of ``model_path`` under OUT/variants/, prove each against PyTorch, time
     them interleaved with the plain export, and copy the fastest passing one (or the export) to OUT/best.onnx.
 
@@ -368,11 +370,14 @@ def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path, *
     ``device`` "cuda": the variants are proven and timed on the GPU providers (IO binding), the GPU variants
     (tf32, tensorrt, cuda-graph; optimize/gpu.py) can be built, and each variant records the session options
     it needs (``Variant.session_options``; the best's go to report.json ``best.session_options``).
-    ``threads``: onnxruntime's threads for the timing (default: the machine's).
+    ``threads``: onnxruntime's threads for the timing (default: the machine's). ``known``: PyTorch's outputs
+    already computed on some cases (the export's proof), not computed again.
     """
     say = progress or noop
-    budget = Budget(time.perf_counter(), budget_s)
     wanted = parse_names(names)
+    if wanted == AUTO and budget_s is None:
+        budget_s = DEFAULT_BUDGET_S
+    budget = Budget(time.perf_counter(), budget_s)
     if device == "cuda" and names in (None, "all", ["all"]):
         wanted = list(ALL_VARIANTS)
     plan = (default_plan(loaded, device, environment.cpu()["flags"], calibrated=samples is not None) if wanted == AUTO
@@ -387,12 +392,15 @@ def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path, *
         return OptimizeResult(skipped, None, None, threads, timed_at=sizes_at(loaded, bench_seq))
     vdir = out / "variants"
     vdir.mkdir(parents=True, exist_ok=True)
-    refs = reference_outputs(loaded, cases if cases is not None else validation_cases(loaded.dims))
+    every = cases if cases is not None else validation_cases(loaded.dims)
+    judged_on, left_out = (every, []) if wanted != AUTO or cases is not None else screening_cases(loaded, every)
+    refs = reference_outputs(loaded, judged_on, known)
     timed_at = sizes_at(loaded, bench_seq)
     options: dict[str, dict] = {}
     timing = _Timing(loaded, bench_batches, bench_seq, bench_seconds, threads, options, out, device)
     ctx = BuildContext(loaded, tolerance, refs, transformer_params(loaded), say, deadline=budget.deadline,
-                       samples=samples, device=device, out=out, timed_at=timed_at, fastest=timing.fastest)
+                       samples=samples, device=device, out=out, timed_at=timed_at, fastest=timing.fastest,
+                       thorough=wanted != AUTO)
     entries = [_baseline(model_path, out, ctx)]
     files = {BASELINE: model_path}
     entries += _build_all(plan, model_path, vdir, out, ctx, budget, files, timing)
@@ -401,8 +409,42 @@ def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path, *
     say("timing the variants against the plain export")
     timed = {e.name: files[e.name] for e in entries if e.name in files}
     final, best = _confirm(_timed(entries, *_latencies(timed, timing), timing.first_key), timed, timing, say)
+    while left_out and best is not None and best.name != BASELINE:
+        failed = _left_out_failure(best, timed[best.name], reference_outputs(loaded, left_out, known), ctx)
+        if failed is None:
+            break
+        final = [failed if v.name == best.name else v for v in final]
+        final, best = _confirm(final, timed, timing, say)
     best_path = install_best(timed[best.name], out) if best is not None else None
-    return OptimizeResult(tuple(final), best, best_path, threads, timed_at=timed_at)
+    judged = {"cases": [c.label for c in judged_on], "left_out": [c.label for c in left_out]}
+    if left_out:
+        judged["why"] = (f"the default plan judges every variant without the case '{left_out[0].label}' (each dim's "
+                         "maximum has a case of its own; the export is proven on it); the best is proven on it "
+                         "before it is chosen (--variants all judges every variant on every case)")
+    return OptimizeResult(tuple(final), best, best_path, threads, timed_at=timed_at, judged_on=judged)
+
+
+def screening_cases(loaded: LoadedModel, cases: Sequence[Case]) -> tuple[list[Case], list[Case]]:
+    """(the cases the default plan judges every variant on, the cases only the best is proven on): the all-max
+    case is left to the best where every dynamic dim's maximum has a case of its own (it is the costliest case by
+    far: 64×512 tokens costs more than all the others together)."""
+    own_max = len(loaded.dims) > 1 and sum(c.label.startswith("max ") for c in cases) >= len(loaded.dims)
+    if not own_max:
+        return list(cases), []
+    return [c for c in cases if c.label != "max"], [c for c in cases if c.label == "max"]
+
+
+def _left_out_failure(best: Variant, path: Path, refs: Refs, ctx: BuildContext) -> Variant | None:
+    """``best`` failed, with the reason, when it fails the cases of ``refs`` (those left to the best) under its
+    policy; None when it passes."""
+    left = ", ".join(c.label for c in refs.cases)
+    ctx.progress(f"proving {best.name} on the case(s) left to the best: {left}")
+    proof = judge(MODEL)(ctx.loaded, best.name, path, refs, ctx.tolerance, None,
+                         _opener(ctx, None if best.session_options == base_options(ctx.device)
+                                 else best.session_options, ctx.out or path.parent))
+    if proof.passed:
+        return None
+    return replace(best, passed=False, reason=f"on the case(s) {left}: {proof.reason}")
 
 
 def _build_all(plan: Plan, model_path: Path, vdir: Path, out: Path, ctx: BuildContext, budget: Budget,

@@ -40,9 +40,10 @@ def sample_refs(samples: SampleRefs) -> Refs:
     return samples.as_refs()
 
 
-def reference_outputs(loaded: LoadedModel, cases: Sequence[Case]) -> Refs:
-    """The inputs of ``cases`` and PyTorch's outputs on them (:func:`onnxport.prove.references.references`)."""
-    return references(loaded, cases)
+def reference_outputs(loaded: LoadedModel, cases: Sequence[Case], known: Refs | None = None) -> Refs:
+    """The inputs of ``cases`` and PyTorch's outputs on them (:func:`onnxport.prove.references.references`;
+    ``known``: those already computed, the proof's)."""
+    return references(loaded, cases, known)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class BuildContext:
     built: Mapping[str, Path] = field(default_factory=dict)  # the variants written so far (fused+int8 reads fused)
     passed: Mapping[str, Path] = field(default_factory=dict)  # the files proven so far (cuda-graph picks one)
     fastest: Callable[[dict[str, Path]], str] | None = None  # the fastest of some files (a short timing)
+    thorough: bool = False  # the user asked for variants by name or "all": every setting is tried, not the CPU's
 
     @property
     def judged(self) -> Refs | None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import onnx
 
+from onnxport import environment
 from onnxport.core.logs import captured_output
 from onnxport.core.onnxfile import file_bytes, inline_limit
 from onnxport.core.samples import Case, make_inputs, validation_cases
@@ -35,7 +36,8 @@ from onnxport.runtime.feeds import FeedMap
 from onnxport.runtime.sessions import session
 from onnxport.sources.base import LoadedModel
 
-GENERATED = 16  # generated calibration inputs when no --samples are given
+GENERATED = 16  # generated calibration inputs when no --samples are given (--variants all / named variants)
+DEFAULT_GENERATED = 8  # the default plan's: each size of calibration_cases at least once
 SEARCH_S = 60.0  # at most this long per search round (less where --budget ends sooner)
 METHOD = ("greedy on the QDQ file: the node whose fp32 activations restore the task metric most is left out of "
           "int8, one at a time (one run per question); then NNCF quantizes again with those nodes ignored and "
@@ -61,23 +63,35 @@ def calibration_feeds(ctx: BuildContext, src: Path) -> list[dict]:
         return feeds
     feed = FeedMap.of(ctx.loaded.inputs, session(src, opt_level="disable"))
     cases = calibration_cases(ctx.loaded)
+    count = GENERATED if ctx.thorough else DEFAULT_GENERATED
     return [feed(make_inputs(ctx.loaded.inputs, cases[k % len(cases)].sizes, "random", 1000 + k))
-            for k in range(GENERATED)]
+            for k in range(max(count, len(cases)))]
+
+
+def overflow_fix(cpu_flags: Sequence[str] | None = None) -> str:
+    """NNCF's overflow fix for this CPU (``cpu_flags``, default: read here): "disable" where it has int8 dot
+    products (VNNI, AMX-INT8: int32 sums, nothing saturates), else "enable": every MatMul/Conv weight in 7 bits,
+    as AVX2's int16 pair sums saturate with 8-bit ones (the same reason ``int8`` uses 7-bit weights there)."""
+    flags = environment.cpu()["flags"] if cpu_flags is None else cpu_flags
+    return "disable" if environment.int8_dot(flags) else "enable"
 
 
 def quantize(src: Path, dst: Path, feeds: Sequence[dict], *, transformer: bool, smooth_quant: bool = True,
-             ignored: Sequence[str] = ()) -> None:
+             ignored: Sequence[str] = (), overflow: str | None = None) -> None:
     """NNCF int8 of ``src`` into ``dst`` (QDQ ONNX) calibrated on ``feeds``: the transformer preset for
     attention models (SmoothQuant unless ``smooth_quant`` is False), min/max activation ranges over all the
-    feeds, the nodes named in ``ignored`` left in float."""
+    feeds, the nodes named in ``ignored`` left in float, NNCF's overflow fix as this CPU needs it
+    (``overflow``: "enable" | "disable", default :func:`overflow_fix`)."""
     import nncf
     from nncf.quantization.advanced_parameters import (
         AdvancedQuantizationParameters,
         AdvancedSmoothQuantParameters,
+        OverflowFix,
     )
     from nncf.quantization.range_estimator import RangeEstimatorParametersSet
 
-    adv = AdvancedQuantizationParameters(activations_range_estimator_params=RangeEstimatorParametersSet.MINMAX)
+    adv = AdvancedQuantizationParameters(activations_range_estimator_params=RangeEstimatorParametersSet.MINMAX,
+                                         overflow_fix=OverflowFix(overflow or overflow_fix()))
     if not smooth_quant:
         adv.smooth_quant_alphas = AdvancedSmoothQuantParameters(matmul=-1)
     kw: dict = {"model_type": nncf.ModelType.TRANSFORMER} if transformer else {}
@@ -92,6 +106,11 @@ def quantize(src: Path, dst: Path, feeds: Sequence[dict], *, transformer: bool, 
 
 def _margin(loaded: LoadedModel, refs: Refs, sess) -> float:
     return round(metric_margin(task_metrics(loaded, refs, sess)), 5)
+
+
+def _spent(ctx: BuildContext) -> bool:
+    """Whether --budget (the default plan's or the user's) is spent: no further search step starts."""
+    return ctx.deadline is not None and time.perf_counter() > ctx.deadline
 
 
 def _left(ctx: BuildContext) -> float:
@@ -114,6 +133,7 @@ def quantize_searched(src: Path, dst: Path, ctx: BuildContext, opener) -> tuple[
     details: dict = {
         "tool": f"nncf.quantize {nncf.__version__}", "format": "QDQ",
         "preset": "transformer" if transformer else "performance", "activation_ranges": "min/max over all inputs",
+        "overflow_fix": overflow_fix(),
         "calibration": (f"{len(feeds)} of the --samples" if ctx.samples is not None
                         else f"{len(feeds)} generated inputs (" + ", ".join(c.label for c in calibration_cases(loaded))
                         + " sizes)")}
@@ -121,6 +141,11 @@ def quantize_searched(src: Path, dst: Path, ctx: BuildContext, opener) -> tuple[
     with tempfile.TemporaryDirectory(prefix="onnxport-nncf-") as tmp:
         margins: dict[str, float] = {}
         for sq in (True, False) if transformer else (False,):
+            if margins and _spent(ctx):
+                details["smooth_quant_off"] = "not tried: the --budget was spent"
+                break
+            ctx.progress(f"variant openvino-int8: NNCF calibration on {len(feeds)} inputs"
+                         + (f" (SmoothQuant {'on' if sq else 'off'})" if transformer else ""))
             quantize(src, Path(tmp) / f"sq-{sq}.onnx", feeds, transformer=transformer, smooth_quant=sq)
             if judged is None:
                 break
@@ -142,8 +167,9 @@ def quantize_searched(src: Path, dst: Path, ctx: BuildContext, opener) -> tuple[
         kept: tuple[str, ...] = ()
         failing = failing_cases(loaded, judged, opener(dst))
         rounds = evaluations = of = 0
-        while failing and rounds < MAX_ROUNDS and (rounds == 0 or ctx.deadline is None
-                                                   or time.perf_counter() < ctx.deadline):  # --budget
+        if failing and _spent(ctx):
+            details["search"] = "not run: the --budget was spent"
+        while failing and rounds < MAX_ROUNDS and not _spent(ctx):  # --budget
             rounds += 1
             ctx.progress(f"variant openvino-int8: searching which nodes to leave out of int8 (round {rounds}, "
                          f"{len(failing)} case(s))")

@@ -2,24 +2,26 @@
 device, each left-out one recorded with the measurement that rules it out (``--variants all`` builds every
 one; ``--variants NAME,…`` exactly those).
 
-Measured on a 2-core AVX2 CPU without VNNI or native fp16 (benchmarks/optimize_speedup.py, warm-block timing,
-batch 1; speedups over PyTorch eager):
+The CPU rules, read from the instruction set (``onnxport doctor`` lists it; $ONNXPORT_CPU_FLAGS plans as if the
+CPU had other features) and stated as rules, never as one machine's numbers:
 
-* MiniLM (Hugging Face BERT): export 2.82× at seq 16, ``fused+int8`` 5.34× (the winner at 16–128 tokens);
-  ``fused`` fp32 no faster than the export (ONNX Runtime fuses the dynamo graph when it loads it);
-  ``slim`` / ``ort`` equal to the export.
-* TextClassifier (nn.MultiheadAttention, not a Hugging Face model): export 2.50×, ``int8`` (7-bit weights)
-  4.18× (the winner); ``fused`` slower than the export (14.2 vs 13.3 ms at seq 128).
-* resnet18: the export wins (1.9–2.1×); ``ort`` was picked once by noise and was slower when confirmed;
-  static ``int8`` fails the top-1 check on generated inputs (0.82) without calibration images.
-* fp16 on a CPU without native fp16 arithmetic runs through casts: slower than fp32.
+* ``slim`` / ``ort``: ONNX Runtime applies the same graph rewrites when it loads the export;
+* ``fp16``: ONNX Runtime's CPU provider has fp16 matmul kernels on Arm CPUs with fp16 arithmetic (asimdhp)
+  only; on x86 it runs fp16 through Casts, never faster than fp32 (also on AVX512-FP16);
+* ``int8`` (ONNX Runtime, dynamic): u8×s8 matmuls; on CPUs with int8 dot products (AVX-512 VNNI, AVX-VNNI,
+  AMX-INT8, Arm dot products) with 8-bit weights, on others (AVX2's 16-bit pair sums can saturate) with 7-bit
+  weights. Built for every model with MatMul weights; a CNN needs calibration images (``--samples``);
+* ``fused`` (fp32 transformer fusion): ONNX Runtime fuses the graph when it loads it; its int8 form
+  ``fused+int8`` is built for Hugging Face transformers instead of ``int8``;
+* ``openvino`` (f32): built where the CPU has no native bf16; where it has, ``openvino-bf16`` (AVX-512 BF16,
+  AMX-BF16) is built instead;
+* ``openvino-int8`` (NNCF): only where the CPU has int8 dot products (VNNI / AMX-INT8) and no native bf16: without
+  them OpenVINO's int8 kernels have nothing to gain over ONNX Runtime's int8; with native bf16, ``openvino-bf16``
+  takes most of the gain with no calibration, which costs more than the default budget.
 
-Measured on a 2-core AMD EPYC with AVX-512 VNNI and AVX-512 BF16 (benchmarks/cpu_race.py, p50 ms, batch 1):
-OpenVINO's default on the export (bf16 on this CPU) ties or beats the best ONNX Runtime variant on MiniLM and the
-TextClassifier at 1×128 (TextClassifier 5.20 vs 6.09 ms) and runs resnet18 2× faster at bf16. So on a CPU with
-OpenVINO installed ``openvino`` (f32) is built, ``openvino-bf16`` where the CPU has AVX-512 BF16 or AMX-BF16 (else
-it runs bf16 through conversions), and ``openvino-int8`` (NNCF) beside ``int8`` where the model has MatMul/Conv
-weights and NNCF is installed; each is re-proven and timed like every variant.
+The default plan runs inside :data:`DEFAULT_BUDGET_S` (``--budget`` sets another): no variant is started after
+it, and the searches inside a build (NNCF's SmoothQuant tries, the sensitivity searches) stop at it. The weight
+range of ``int8`` is chosen from the instruction set; ``--variants all`` (or naming variants) tries both.
 
 Measured on an H100 (onnxruntime-gpu 1.31.1, TF32 off, IO binding, median ms; benchmarks/gpu.py):
 
@@ -36,16 +38,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from onnxport.environment import int8_dot
 from onnxport.optimize import openvino as ov_variants
 from onnxport.optimize.fusion import transformer_params
 from onnxport.optimize.gpu import tensorrt_missing
 from onnxport.optimize.result import ALL_VARIANTS, OPENVINO_VARIANTS, VARIANTS, SkipReason
 from onnxport.sources.base import LoadedModel
 
-FP16_FLAGS = ("avx512_fp16", "amx_fp16")  # CPU features with native fp16 arithmetic
+FP16_FLAGS = ("asimdhp",)  # CPU features onnxruntime's CPU provider has fp16 matmul kernels for (Arm fp16)
+DEFAULT_BUDGET_S = 40.0  # seconds the default plan builds and proves variants in (none is started after it)
 
-SAME_AS_LOAD = ("ONNX Runtime applies the same graph rewrites when it loads the export, so it runs no faster "
-                "(measured equal on MiniLM, the TextClassifier and resnet18)")
+SAME_AS_LOAD = ("ONNX Runtime applies the same graph rewrites when it loads the export (its default "
+                "optimization level), so a file rewritten offline runs no faster")
 
 
 @dataclass(frozen=True)
@@ -90,19 +94,20 @@ def default_plan(loaded: LoadedModel, device: str = "cpu", cpu_flags: Sequence[s
             why["tensorrt"] = f"not built: {no_trt}"
         return _plan(why, ALL_VARIANTS, frozenset({"tensorrt"} if no_trt else ()))
     if not any(f in cpu_flags for f in FP16_FLAGS):
-        why["fp16"] = ("not built by default: this CPU has no native fp16 arithmetic (no AVX512-FP16/AMX-FP16), "
-                       "so fp16 runs through casts, slower than fp32")
+        why["fp16"] = ("not built by default: ONNX Runtime's CPU provider has fp16 matmul kernels only on Arm CPUs "
+                       "with fp16 arithmetic; here fp16 runs through Casts, no faster than fp32")
     if kind == "hf-transformer":
         why["fused"] = ("not built by default: fp32 fusion is no faster than the export (ONNX Runtime fuses the "
                         "graph when it loads it); its int8 form fused+int8 is built")
         why["int8"] = "not built by default: fused+int8 quantizes the same MatMuls after fusion and runs faster"
     elif kind == "attention":
-        why["fused"] = why["fused+int8"] = ("not built by default: ONNX Runtime's fusion does not match "
-                                            "nn.MultiheadAttention's graph (measured slower than the export)")
+        why["fused"] = why["fused+int8"] = ("not built by default: ONNX Runtime's transformer fusions match Hugging "
+                                            "Face attention graphs, not this model's (nn.MultiheadAttention or "
+                                            "hand-written attention)")
     elif kind == "cnn":
         if not calibrated:
-            why["int8"] = ("not built by default: static int8 of a CNN needs calibration images (--samples); on "
-                           "generated inputs it fails the top-1 check (resnet18: 0.82)")
+            why["int8"] = ("not built by default: static int8 of a CNN needs calibration images (--samples); "
+                           "generated inputs are no images, so top-1 on them cannot judge it")
         why["fused"] = why["fused+int8"] = "not built by default: no attention to fuse"
     else:
         why["fused"] = why["fused+int8"] = "not built by default: no attention to fuse"
@@ -119,9 +124,20 @@ def _openvino_plan(why: dict[str, str], kind: str, cpu_flags: Sequence[str], cal
         if found:
             why[name] = f"not built: {found[0]}"
             cannot.add(name)
+    if "openvino" not in why and "openvino-bf16" not in why:
+        why["openvino"] = ("not built by default: this CPU has native bf16, so openvino-bf16 is built; OpenVINO at "
+                           "f32 computes the same graph at fp32, never faster")
     if "openvino-int8" not in why and kind == "cnn" and not calibrated:
         why["openvino-int8"] = ("not built by default: int8 of a CNN needs calibration images (--samples); "
                                 "generated inputs are no images")
+    if "openvino-int8" not in why and "openvino-bf16" not in why:
+        why["openvino-int8"] = ("not built by default: this CPU has native bf16, and openvino-bf16 (no calibration) "
+                                "is built; NNCF's calibration and accuracy search cost more than the default "
+                                "--budget, for a gain over bf16 that depends on the model")
+    if "openvino-int8" not in why and int8_dot(cpu_flags) is None:
+        why["openvino-int8"] = ("not built by default: this CPU has no int8 dot-product instructions (no AVX-512 "
+                                "VNNI, AVX-VNNI or AMX-INT8), so OpenVINO's int8 gains nothing over ONNX Runtime's "
+                                "int8 and its calibration costs minutes")
     return frozenset(cannot)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import onnx
 
+from onnxport import environment
 from onnxport.core.onnxfile import file_bytes, inline_limit
 from onnxport.core.samples import make_inputs, validation_cases
 from onnxport.optimize.context import BuildContext, BuildOutcome, Refs, Skip, sample_refs
@@ -166,23 +167,36 @@ def _rounded(x: float | None) -> float | None:
     return None if x is None else round(float(x), 5)
 
 
+def weight_ranges(thorough: bool, cpu_flags: Sequence[str] | None = None) -> tuple[bool, ...]:
+    """The ``reduce_range`` settings dynamic int8 tries: both when ``thorough``, else the one the CPU calls for
+    (8-bit weights where it has int8 dot products, VNNI / AMX-INT8; 7-bit weights elsewhere: AVX2's int16 pair
+    sums saturate with 8-bit ones). ``cpu_flags``: this CPU's features (default: read here)."""
+    if thorough:
+        return (False, True)
+    return (environment.int8_dot(environment.cpu()["flags"] if cpu_flags is None else cpu_flags) is None,)
+
+
 def quantize_best(loaded: LoadedModel, src: Path, dst: Path, refs: Refs | None,
-                  exclude: Sequence[str] = ()) -> tuple[bool, dict]:
-    """Dynamic int8 with 8-bit and with 7-bit weights; ``dst`` keeps the one with the better task metric.
+                  exclude: Sequence[str] = (), ranges: Sequence[bool] = (False, True)) -> tuple[bool, dict]:
+    """Dynamic int8 with each weight range of ``ranges`` (``reduce_range``: False 8-bit, True 7-bit weights);
+    ``dst`` keeps the one with the better task metric.
 
     8-bit weights can saturate the int16 pair sums of the int8 kernels on CPUs without VNNI (AVX2); 7-bit
     weights (reduce_range) cannot, and give the same result everywhere. Returns (reduce_range, margins).
     """
+    if len(ranges) == 1:
+        quantize_dynamic(src, dst, exclude=exclude, reduce_range=ranges[0])
+        return ranges[0], {}
     scores: dict[bool, float] = {}
-    for rr in (False, True):
+    for rr in ranges:
         quantize_dynamic(src, dst, exclude=exclude, reduce_range=rr)
         if refs is None:
-            return False, {}
+            return rr, {}
         scores[rr] = metric_margin(task_metrics(loaded, refs, session(dst)))
-    reduce_range = scores[True] > scores[False]
-    if not reduce_range:
-        quantize_dynamic(src, dst, exclude=exclude, reduce_range=False)
-    return reduce_range, {"8-bit": _rounded(scores[False]), "7-bit": _rounded(scores[True])}
+    reduce_range = max(ranges, key=lambda rr: (scores[rr], rr))  # ties: 7-bit, the same on every CPU
+    if reduce_range != ranges[-1]:
+        quantize_dynamic(src, dst, exclude=exclude, reduce_range=reduce_range)
+    return reduce_range, {("7-bit" if rr else "8-bit"): _rounded(scores[rr]) for rr in ranges}
 
 
 def build_int8(src: Path, dst: Path, ctx: BuildContext) -> BuildOutcome:
@@ -197,7 +211,7 @@ def build_int8(src: Path, dst: Path, ctx: BuildContext) -> BuildOutcome:
         return BuildOutcome({**static, "calibration": "8 generated inputs at the export, min and odd sizes (MinMax)"})
     if matmul_weights(model) == 0:
         raise Skip("no MatMul/Gemm with constant weights and no Conv: nothing to quantize")
-    reduce_range, margins = quantize_best(loaded, src, dst, ctx.judged)
+    reduce_range, margins = quantize_best(loaded, src, dst, ctx.judged, ranges=weight_ranges(ctx.thorough))
     return BuildOutcome({"tool": "onnxruntime.quantization.quantize_dynamic", "per_channel": True,
                          "weights": "int8 (7-bit range)" if reduce_range else "int8", "reduce_range": reduce_range,
                          "activations": "uint8, per tensor, at run time", "metric_margin": margins})

@@ -21,7 +21,7 @@ import onnx
 from onnxport.optimize.context import BuildContext, BuildOutcome, Refs
 from onnxport.optimize.graph import save
 from onnxport.optimize.policy import metric_margin, prove, task_metrics
-from onnxport.optimize.quantize import QUANT_OPS, build_int8, quant_candidates, quantize_best
+from onnxport.optimize.quantize import QUANT_OPS, build_int8, quant_candidates, quantize_best, weight_ranges
 from onnxport.runtime.sessions import session
 from onnxport.sources.base import LoadedModel
 
@@ -283,8 +283,7 @@ def _search_rounds(name: str, src: Path, dst: Path, ctx: BuildContext, refs: Ref
     kept: tuple[str, ...] = ()
     search = None
     rounds = evaluations = 0
-    while failing and rounds < MAX_ROUNDS and (rounds == 0 or ctx.deadline is None
-                                               or time.perf_counter() < ctx.deadline):  # --budget
+    while failing and rounds < MAX_ROUNDS and (ctx.deadline is None or time.perf_counter() < ctx.deadline):  # --budget
         rounds += 1
         ctx.progress(f"variant {name}: searching which nodes to keep in fp32 (round {rounds}, "
                      f"{len(failing)} case(s))")
@@ -296,7 +295,8 @@ def _search_rounds(name: str, src: Path, dst: Path, ctx: BuildContext, refs: Ref
         if search.kept == kept:
             break
         kept = search.kept
-        details["reduce_range"], details["metric_margin"] = quantize_best(loaded, src, dst, refs, kept)
+        details["reduce_range"], details["metric_margin"] = quantize_best(loaded, src, dst, refs, kept,
+                                                                          ranges=weight_ranges(ctx.thorough))
         details["weights"] = "int8 (7-bit range)" if details["reduce_range"] else "int8"
         failing = failing_cases(loaded, refs, session(dst))
     return _Rounds(kept, search, rounds, evaluations)
@@ -332,4 +332,6 @@ def build_int8_searched(name: str, src: Path, dst: Path, ctx: BuildContext) -> B
             "plain_int8_metric": None if proof.metric is None else proof.metric.to_dict(), "method": METHOD,
             "rounds": found.rounds,
             "evaluations": found.evaluations, "search_seconds": round(time.perf_counter() - t_search - spent, 3)}
+    if found.rounds == 0:
+        sens["not_run"] = "the --budget was spent before the search could start"
     return BuildOutcome({**details, "quantized_ops": list(QUANT_OPS), "sensitivity": sens}, proof_after, spent)

@@ -17,16 +17,20 @@ from onnxport.core.records import FP32, CaseResult, DimCheck, Failure, ParityRes
 from onnxport.core.samples import Case, make_inputs, shapes_for, validation_cases
 from onnxport.prove.compare import IndexSource, judge, undefined_positions
 from onnxport.prove.conditioning import unreliable_rows
-from onnxport.prove.references import as_numpy, torch_outputs
+from onnxport.prove.references import Refs, as_numpy, case_key, torch_outputs
 from onnxport.runtime.feeds import FeedMap
 from onnxport.runtime.sessions import session
 from onnxport.sources.base import LoadedModel
 
 
 def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | None = None,
-            tolerance: Tolerance = FP32, dim_checks: tuple[DimCheck, ...] = (), sess=None) -> ParityResult:
-    """Run PyTorch and ONNX Runtime on every case and compare all outputs with ``tolerance``."""
+            tolerance: Tolerance = FP32, dim_checks: tuple[DimCheck, ...] = (), sess=None,
+            refs: Refs | None = None) -> ParityResult:
+    """Run PyTorch and ONNX Runtime on every case and compare all outputs with ``tolerance``. ``refs``: PyTorch's
+    inputs and outputs already computed for some of the cases (every variant is judged against the same ones), so
+    PyTorch runs only on the cases they lack."""
     cases = cases if cases is not None else validation_cases(loaded.dims)
+    known = {} if refs is None else refs.known()
     if sess is None:
         try:
             sess = session(onnx_path)
@@ -45,7 +49,8 @@ def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | N
     onnx_outputs = [o.name for o in sess.get_outputs()]
     by_name = all(n in onnx_outputs for n in loaded.output_names)
     diags: list[Diagnostic] = []
-    results = [_run_case(loaded, sess, feed, case, tolerance, onnx_outputs, by_name) for case in cases]
+    results = [_run_case(loaded, sess, feed, case, tolerance, onnx_outputs, by_name, known.get(case_key(case)))
+               for case in cases]
     results = [replace(r, sizes=dict(c.sizes)) for c, r in zip(cases, results)]
     checks = _prove_dims(loaded, dim_checks, cases, results)
     alone = _alone_cases(loaded, checks, cases, results)
@@ -105,10 +110,12 @@ def _borderline_note(results: list[CaseResult]) -> list[Diagnostic]:
 
 
 def _run_case(loaded: LoadedModel, sess, feed: FeedMap, case: Case, tolerance: Tolerance,
-              onnx_outputs: list[str], by_name: bool) -> CaseResult:
-    """PyTorch and ONNX Runtime on one case, every output compared."""
+              onnx_outputs: list[str], by_name: bool, known: tuple[tuple, list[np.ndarray]] | None = None
+              ) -> CaseResult:
+    """PyTorch and ONNX Runtime on one case, every output compared (``known``: PyTorch's inputs and outputs of
+    this case, already computed)."""
     t0 = time.perf_counter()
-    inputs = make_inputs(loaded.inputs, case.sizes, case.values, case.seed)
+    inputs = known[0] if known else make_inputs(loaded.inputs, case.sizes, case.values, case.seed)
     shapes = shapes_for(loaded.inputs, case.sizes)
 
     def failed(kind: Failure, message: str) -> CaseResult:
@@ -116,7 +123,7 @@ def _run_case(loaded: LoadedModel, sess, feed: FeedMap, case: Case, tolerance: T
                           seconds=time.perf_counter() - t0, failure=kind)
 
     try:
-        ref = torch_outputs(loaded, inputs)
+        ref = known[1] if known else torch_outputs(loaded, inputs)
     except Exception as e:  # noqa: BLE001
         return failed(Failure.TORCH, f"PyTorch itself fails: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
     try:

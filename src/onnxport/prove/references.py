@@ -77,7 +77,22 @@ class Refs:
         return Refs(self.cases[i:i + 1], self.inputs[i:i + 1], self.outputs[i:i + 1])
 
 
-def references(loaded: LoadedModel, cases: Sequence[Case]) -> Refs:
-    """The inputs of ``cases`` and PyTorch's outputs on them (None for a case PyTorch fails on: parity reports it)."""
-    ins = tuple(make_inputs(loaded.inputs, c.sizes, c.values, c.seed) for c in cases)
-    return Refs(tuple(cases), ins, run_over(loaded.flat, ins))
+    def known(self) -> dict[tuple, tuple[tuple, list[np.ndarray]]]:
+        """(inputs, outputs) by :func:`case_key` of every case PyTorch ran on."""
+        return {case_key(c): (i, o) for c, i, o in zip(self.cases, self.inputs, self.outputs) if o is not None}
+
+
+def case_key(case: Case) -> tuple:
+    """What makes a case's inputs: its sizes, value profile and seed (the label does not)."""
+    return tuple(sorted(case.sizes.items())), case.values, case.seed
+
+
+def references(loaded: LoadedModel, cases: Sequence[Case], known: Refs | None = None) -> Refs:
+    """The inputs of ``cases`` and PyTorch's outputs on them (None for a case PyTorch fails on: parity reports it);
+    ``known``: references already computed, reused for the cases they hold."""
+    have = known.known() if known is not None else {}
+    todo = [c for c in cases if case_key(c) not in have]
+    ins = tuple(make_inputs(loaded.inputs, c.sizes, c.values, c.seed) for c in todo)
+    ran = dict(zip((case_key(c) for c in todo), zip(ins, run_over(loaded.flat, ins))))
+    got = [have.get(case_key(c)) or ran[case_key(c)] for c in cases]
+    return Refs(tuple(cases), tuple(i for i, _ in got), tuple(o for _, o in got))

@@ -168,6 +168,7 @@ def build_report(o: Outcome) -> dict:
         best = o.optimized.best
         rep["best"] = None if best is None else {"name": best.name, "path": "best.onnx", "speedup": best.speedup,
                                                  "timed_at": o.optimized.timed_at,
+                                                 "judged_on": o.optimized.judged_on,
                                                  "session_options": dict(best.session_options or {})}
     if o.decoder is not None:
         rep["decoder"] = o.decoder.to_dict()
