@@ -68,12 +68,41 @@ def test_int8_and_bf16_are_set_against_their_own_peak():
 def test_the_int8_and_bf16_peaks_are_measured(tmp_path, monkeypatch):
     monkeypatch.setattr(peak, "measure_int8_gemm", lambda t, s, r: 7.0)
     monkeypatch.setattr(peak, "measure_bf16_gemm", lambda t, s, r: 5.0)
+    monkeypatch.setenv("ONNXPORT_CPU_FLAGS", "avx2,avx512_bf16")
     got = gemm_peak(1, cache_file=tmp_path / "peak.json", size=64, repeats=1)
     assert got["by_precision"]["int8"] == 7.0 and got["by_precision"]["bf16"] == 5.0
     assert got["by_precision"]["fp32"] == got["gflops"]
+    monkeypatch.setenv("ONNXPORT_CPU_FLAGS", "avx2,fma")  # no native bf16: no bf16 peak, never a converted one
+    got = gemm_peak(1, cache_file=tmp_path / "plain.json", size=64, repeats=1)
+    assert got["by_precision"]["bf16"] is None and "no native bf16" in got["precision_methods"]["bf16"]
+    assert peak.peak_gflops(got, "onnxruntime:best (openvino-bf16)") is None
     (tmp_path / "old.json").write_text(json.dumps({peak_key(1): {"gflops": 3.0}}))  # no by_precision: measured anew
     assert "by_precision" in gemm_peak(1, cache_file=tmp_path / "old.json", size=64, repeats=1)
 
 
 def test_int8_and_bf16_kernels_run():
     assert peak.measure_int8_gemm(1, 64, 1) > 0 and peak.measure_bf16_gemm(1, 64, 1) > 0
+
+
+def test_the_default_peak_is_a_matter_of_seconds():
+    """The default measurement (fp32, int8 and where native, bf16) on this CPU stays short."""
+    got = peak.measure_gemm(2)
+    assert got["size"] == peak.PEAK_SIZE == 1024 and got["seconds"] < 20, got
+
+
+def test_an_unusable_cache_is_a_warning_not_a_silent_remeasurement(tmp_path, monkeypatch):
+    monkeypatch.setattr(peak, "measure_gemm", lambda *a, **k: {"gflops": 2.0})
+    (tmp_path / "file").write_text("x")
+    got = gemm_peak(1, cache_file=tmp_path / "file" / "peak.json")  # its folder is a file: nothing can be kept
+    assert got["gflops"] == 2.0 and got["cached"] is False
+    assert "cannot create the cache folder" in got["cache_warning"] and "ONNXPORT_CACHE_DIR" in got["cache_warning"]
+    assert "cache_warning" not in gemm_peak(1, cache_file=tmp_path / "ok" / "peak.json")
+
+
+def test_a_slow_precision_is_not_timed_over_and_over():
+    """A GEMM slower than PEAK_SECONDS_MAX (no native kernel) is timed once: Ctrl-C acts between calls."""
+    import time
+
+    calls = []
+    assert peak._time_best(lambda: calls.append(1) or time.sleep(peak.PEAK_SECONDS_MAX + 0.05), 5) > 1.0
+    assert len(calls) == 1

@@ -87,3 +87,52 @@ def test_nothing_to_build_skips_the_proof_and_timing(tmp_path, monkeypatch):
     assert [(v.name, v.skipped) for v in res.variants] == [("int8", "not built by default: test")]
     assert res.best is None and not (tmp_path / "o" / "best.onnx").exists()
     assert not (tmp_path / "o" / "variants").exists()  # no empty folder left behind
+
+
+def test_the_default_plan_screens_without_the_all_max_case_and_proves_the_best_on_it(tmp_path):
+    """Every variant is judged without the all-max case (each dim's maximum has a case of its own); the best is
+    proven on it before it is chosen, and report.json's best says which cases judged the variants."""
+    from onnxport.core.samples import validation_cases
+    from onnxport.optimize.choice import screening_cases
+
+    text = load_model(f"{MODELS}:TinyText", inputs=["input_ids:int64[batch,seq]{0..49}"], dims=["seq=1..32"])
+    judged, left = screening_cases(text, validation_cases(text.dims))
+    assert [c.label for c in left] == ["max"] and "max" not in [c.label for c in judged]
+    assert {"max batch only", "max seq only"} <= {c.label for c in judged}
+    one_dim = load_model(f"{MODELS}:TinyMLP", inputs=["x:float32[batch,8]"])
+    assert screening_cases(one_dim, validation_cases(one_dim.dims))[1] == []  # nothing to leave out
+
+    rep = export(f"{MODELS}:TinyText", tmp_path / "m", inputs=["input_ids:int64[batch,seq]{0..49}"],
+                 dims=["seq=1..32"])
+    assert rep["status"] == "ok"
+    res = optimize.variants(text, tmp_path / "m" / "model.onnx", tmp_path / "o", names="auto",
+                            bench_batches=(1,), bench_seconds=0.2)
+    assert res.judged_on["left_out"] == ["max"] and "max" not in res.judged_on["cases"]
+    every = optimize.variants(text, tmp_path / "m" / "model.onnx", tmp_path / "all", names=["int8"],
+                              bench_batches=(1,), bench_seconds=0.2)
+    assert every.judged_on["left_out"] == [] and "max" in every.judged_on["cases"]
+
+
+def test_a_best_that_fails_the_case_left_to_it_is_not_chosen(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from onnxport.optimize import choice
+
+    text = load_model(f"{MODELS}:TinyText", inputs=["input_ids:int64[batch,seq]{0..49}"], dims=["seq=1..32"])
+    rep = export(f"{MODELS}:TinyText", tmp_path / "m", inputs=["input_ids:int64[batch,seq]{0..49}"],
+                 dims=["seq=1..32"])
+    assert rep["status"] == "ok"
+    seen = []
+
+    def fails(best, path, refs, ctx):
+        seen.append((best.name, [c.label for c in refs.cases]))
+        return replace(best, passed=False, reason="on the case(s) max: test")
+
+    monkeypatch.setattr(choice, "clearly_faster", lambda s: True)  # whatever the timing, int8 is the candidate
+    monkeypatch.setattr(choice, "select_best", lambda vs: next((v for v in vs if v.name == "int8"), vs[0] if vs else None))
+    monkeypatch.setattr(choice, "_left_out_failure", fails)
+    res = optimize.variants(text, tmp_path / "m" / "model.onnx", tmp_path / "o", names="auto",
+                            bench_batches=(1,), bench_seconds=0.2)
+    assert seen == [("int8", ["max"])]
+    v = {e.name: e for e in res.variants}
+    assert v["int8"].passed is False and "max" in v["int8"].reason and res.best.name == "export"
