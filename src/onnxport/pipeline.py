@@ -362,8 +362,8 @@ def _worth_another_export(run: Run) -> bool:
     """Whether another exporter could do better than this unproven file: not when every case fails by rounding
     alone (reduced precision) or PyTorch itself fails on the cases that fail."""
     o = run.outcome
-    if any(d.code == "reduced-precision" and d.severity == "error" for d in o.diagnostics):
-        return False
+    if any(d.code in ("reduced-precision", "cannot-tell") and d.severity == "error" for d in o.diagnostics):
+        return False  # rounding alone, or references that cannot tell: another exporter changes nothing
     failed = [r for r in (o.parity.cases if o.parity else ()) if not r.passed]
     return not failed or any(r.failure is not Failure.TORCH for r in failed)
 

@@ -3,6 +3,7 @@ the later stages and by the report builder, never patched."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -184,6 +185,7 @@ class ParityResult:
     dynamic_dims: tuple[DimCheck, ...] = ()
     diagnostics: tuple[Diagnostic, ...] = ()
     load_error: str | None = None
+    cannot_tell: Mapping[str, str] = field(default_factory=dict)  # outputs whose references cannot tell, and why
 
     @property
     def max_abs_err(self) -> float:

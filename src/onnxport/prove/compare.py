@@ -156,6 +156,29 @@ def compare_arrays(ref: np.ndarray, got: np.ndarray, tol: Tolerance, scale: np.n
 
 
 
+UNIT_SCALE = 1.0  # the output magnitude atol is stated for: a smaller output gets atol times its magnitude
+
+
+def output_scale(ref: np.ndarray) -> float | None:
+    """An output's own magnitude: its largest finite |value| (None for integer and bool outputs)."""
+    if not np.issubdtype(ref.dtype, np.floating) or ref.size == 0:
+        return None
+    r = np.abs(ref.astype(np.float64))
+    r = r[np.isfinite(r)]
+    return float(r.max()) if r.size else None
+
+
+def own_tolerance(ref: np.ndarray, tol: Tolerance) -> Tolerance:
+    """``tol`` at the output's own scale: atol is the absolute error allowed on an output of magnitude
+    :data:`UNIT_SCALE`; an output of magnitude m below it is allowed ``atol * m`` (logits of 1e-5 from random
+    weights would otherwise pass any file off by less than atol, more than the logits themselves). rtol is
+    relative already and stays. An all-zero output keeps atol (whether it can tell anything is judged apart)."""
+    scale = output_scale(ref)
+    if scale is None or scale <= 0.0 or scale >= UNIT_SCALE:
+        return tol
+    return dataclasses.replace(tol, atol=tol.atol * scale / UNIT_SCALE)
+
+
 def judge(loaded: LoadedModel, pairs: Sequence[tuple[str, np.ndarray, np.ndarray]], tol: Tolerance, *,
           index_sources: dict[str, IndexSource] | None = None, undefined: dict[str, np.ndarray] | None = None,
           scaled: bool = False) -> tuple[dict[str, dict], float, float, bool, list[str]]:
@@ -180,9 +203,13 @@ def judge(loaded: LoadedModel, pairs: Sequence[tuple[str, np.ndarray, np.ndarray
         g = got_by[name]
         kind = "detections" if name in grouped else loaded.compare.get(name, "exact")
         scale = magnitudes(r) if scaled and kind == "exact" and r.shape == g.shape else None
-        a, rel, passed = compare_arrays(r, g, tol, scale) if r.shape == g.shape else (float("inf"), float("inf"), False)
+        own = own_tolerance(r, tol)
+        a, rel, passed = compare_arrays(r, g, own, scale) if r.shape == g.shape else (float("inf"), float("inf"), False)
         rec = {"shape": list(r.shape), "onnx_shape": list(g.shape), "max_abs_err": finite(a),
                "max_rel_err": finite(rel), "passed": passed}
+        if own != tol:
+            rec["atol"] = own.atol  # judged at the output's own scale (own_tolerance)
+            rec["magnitude"] = output_scale(r)
         if scale is not None and np.issubdtype(r.dtype, np.floating):
             rec["tolerance_scale"] = finite(float(np.max(scale, initial=0.0)))
         if name in (undefined or {}):

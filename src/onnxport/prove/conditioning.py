@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from onnxport.core.records import Tolerance
-from onnxport.prove.compare import compare_arrays, magnitudes
+from onnxport.prove.compare import compare_arrays, magnitudes, own_tolerance
 from onnxport.prove.references import as_numpy
 from onnxport.sources.base import LoadedModel
 
@@ -80,7 +80,8 @@ def unreliable_rows(loaded: LoadedModel, inputs: tuple[torch.Tensor, ...],
         if e.shape != r.shape:
             continue
         scale = magnitudes(e) if scaled else None
-        rows = np.array([not compare_arrays(e[i], r[i], tol, None if scale is None else scale[i])[2]
+        own = own_tolerance(e, tol)
+        rows = np.array([not compare_arrays(e[i], r[i], own, None if scale is None else scale[i])[2]
                          for i in range(len(r))])
         if rows.any() and not rows.all():
             out[name] = rows.reshape((-1,) + (1,) * (r.ndim - 1))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from onnxport.core.samples import Case, make_inputs, shapes_for, validation_case
 from onnxport.prove.compare import IndexSource, judge, undefined_positions
 from onnxport.prove.conditioning import unreliable_rows
 from onnxport.prove.references import Refs, as_numpy, case_key, torch_outputs
+from onnxport.prove.telling import HINT, Seen, cannot_tell, summary, telling_cases
 from onnxport.runtime.feeds import FeedMap
 from onnxport.runtime.sessions import session
 from onnxport.sources.base import LoadedModel
@@ -49,17 +51,23 @@ def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | N
     onnx_outputs = [o.name for o in sess.get_outputs()]
     by_name = all(n in onnx_outputs for n in loaded.output_names)
     diags: list[Diagnostic] = []
-    results = [_run_case(loaded, sess, feed, case, tolerance, onnx_outputs, by_name, known.get(case_key(case)))
-               for case in cases]
+    seen: list[dict[str, Seen] | None] = []
+    results = [_run_case(loaded, sess, feed, case, tolerance, onnx_outputs, by_name, known.get(case_key(case)),
+                         seen) for case in cases]
     results = [replace(r, sizes=dict(c.sizes)) for c, r in zip(cases, results)]
-    checks = _prove_dims(loaded, dim_checks, cases, results)
+    silent = cannot_tell(cases, seen)
+    checks = _prove_dims(loaded, dim_checks, cases, results, telling_cases(seen, silent))
     alone = _alone_cases(loaded, checks, cases, results)
     if alone:  # a dim unproven only because every case that changed it also changed another: change it alone
         cases = [*cases, *alone]
-        results += [replace(_run_case(loaded, sess, feed, c, tolerance, onnx_outputs, by_name), sizes=dict(c.sizes))
-                    for c in alone]
-        checks = _prove_dims(loaded, dim_checks, cases, results)
-    passed = bool(results) and all(r.passed for r in results) and all(d.proven for d in checks)
+        results += [replace(_run_case(loaded, sess, feed, c, tolerance, onnx_outputs, by_name, seen=seen),
+                            sizes=dict(c.sizes)) for c in alone]
+        silent = cannot_tell(cases, seen)
+        checks = _prove_dims(loaded, dim_checks, cases, results, telling_cases(seen, silent))
+    outputs = {n for s in seen if s for n in s}
+    told = bool(outputs) and not outputs <= set(silent)
+    passed = bool(results) and all(r.passed for r in results) and all(d.proven for d in checks) and told
+    diags.extend(_silent_note(silent, told))
     failed = [r for r in results if not r.passed]
     if failed:
         worst = failed[0]
@@ -72,14 +80,27 @@ def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | N
     diags.extend(_borderline_note(results))
     diags.extend(_unreliable_note(results))
     for d in checks:
-        if d.symbolic and not d.proven and any(r.passed and not r.scaled for r in results):
+        if d.symbolic and not d.proven and told and any(r.passed and not r.scaled for r in results):
             diags.append(error(
                 "dynamic-dim-unproven",
                 f"input '{d.input}' axis {d.axis} ('{d.symbol}') is symbolic but the model matches PyTorch at "
                 f"{len(d.sizes_passed)} size(s) only ({', '.join(map(str, d.sizes_passed)) or 'none'})",
                 hint="the export probably baked this size into a Reshape or Expand; see the failing cases",
             ))
-    return ParityResult(passed, tolerance, tuple(results), checks, tuple(diags))
+    return ParityResult(passed, tolerance, tuple(results), checks, tuple(diags), cannot_tell=silent)
+
+
+def _silent_note(silent: dict[str, str], told: bool) -> list[Diagnostic]:
+    """The outputs whose references cannot tell a right file from a wrong one (prove/telling.py): an error when
+    none can (the proof proves nothing), else an info line naming them."""
+    if not silent:
+        return []
+    what = "; ".join(f"'{n}' is {why}" for n, why in list(silent.items())[:4])
+    if not told:
+        return [error("cannot-tell", f"the comparison cannot tell a right file from a wrong one (PyTorch's {what})",
+                      hint=HINT)]
+    return [info("outputs-cannot-tell", f"judged on the other outputs: PyTorch's {what}, so comparing "
+                 f"{'it' if len(silent) == 1 else 'them'} cannot tell a right file from a wrong one", hint=HINT)]
 
 
 def _unreliable_note(results: list[CaseResult]) -> list[Diagnostic]:
@@ -110,10 +131,12 @@ def _borderline_note(results: list[CaseResult]) -> list[Diagnostic]:
 
 
 def _run_case(loaded: LoadedModel, sess, feed: FeedMap, case: Case, tolerance: Tolerance,
-              onnx_outputs: list[str], by_name: bool, known: tuple[tuple, list[np.ndarray]] | None = None
-              ) -> CaseResult:
+              onnx_outputs: list[str], by_name: bool, known: tuple[tuple, list[np.ndarray]] | None = None,
+              seen: list[dict[str, Seen] | None] | None = None) -> CaseResult:
     """PyTorch and ONNX Runtime on one case, every output compared (``known``: PyTorch's inputs and outputs of
-    this case, already computed)."""
+    this case, already computed; ``seen`` gets what PyTorch returned per output, None where it failed)."""
+    if seen is not None:
+        seen.append(None)
     t0 = time.perf_counter()
     inputs = known[0] if known else make_inputs(loaded.inputs, case.sizes, case.values, case.seed)
     shapes = shapes_for(loaded.inputs, case.sizes)
@@ -137,6 +160,8 @@ def _run_case(loaded: LoadedModel, sess, feed: FeedMap, case: Case, tolerance: T
         pairs = [(n, r, g) for n, r, g in zip(loaded.output_names, ref, got)]
     else:
         return failed(Failure.OUTPUT_COUNT, f"PyTorch returns {len(ref)} outputs, the ONNX model {len(got)}")
+    if seen is not None:
+        seen[-1] = {n: summary(n, r, loaded.compare.get(n, "exact")) for n, r, _ in pairs}
     sources, undefined, scaled = index_sources(loaded, inputs, ref), undefined_outputs(loaded, inputs, pairs), \
         scaled_up(loaded, case)
     per_out, worst_abs, worst_rel, ok, problems = judge(loaded, pairs, tolerance, index_sources=sources,
@@ -261,11 +286,13 @@ def _alone_cases(loaded: LoadedModel, checks: tuple[DimCheck, ...], cases: list[
 
 
 def _prove_dims(loaded: LoadedModel, dim_checks: tuple[DimCheck, ...], cases: list[Case],
-                results: list[CaseResult]) -> tuple[DimCheck, ...]:
+                results: list[CaseResult], tells: Sequence[bool] | None = None) -> tuple[DimCheck, ...]:
+    """Each dim proven at the sizes of the cases that pass at the plain bound and could tell (``tells``)."""
+    tells = [True] * len(cases) if tells is None else tells
     proven = []
     for d in dim_checks:
-        sizes = sorted({c.sizes[d.symbol] for c, r in zip(cases, results)  # at the plain bound, not a scaled one
-                        if r.passed and d.symbol in c.sizes and not r.scaled})
+        sizes = sorted({c.sizes[d.symbol] for c, r, t in zip(cases, results, tells)  # plain bound, not a scaled one
+                        if r.passed and t and d.symbol in c.sizes and not r.scaled})
         dim = loaded.dims.get(d.symbol)
         needed = 1 if dim is not None and dim.min == dim.max else 2  # a range of one size is proven at it
         proven.append(replace(d, sizes_passed=tuple(sizes), proven=d.symbolic and len(sizes) >= needed))

@@ -157,7 +157,9 @@ def build_report(o: Outcome) -> dict:
             divergence = {**o.divergence.to_dict(), "module": o.divergence_module}
         rep["validation"] = {"passed": parity.passed, "tolerance": parity.tolerance.to_dict(),
                              "cases": [c.to_dict() for c in parity.cases], "divergence": divergence,
-                             "branches": [s.to_dict() for s in o.branches], "compare": dict(loaded.compare)}
+                             "branches": [s.to_dict() for s in o.branches], "compare": dict(loaded.compare),
+                             "cannot_tell": dict(parity.cannot_tell),
+                             "own_scale": _own_scale(parity)}
         if o.batch_invariance is not None:
             rep["validation"]["batch_invariance"] = o.batch_invariance.to_dict()
         if o.samples is not None:
@@ -178,6 +180,17 @@ def build_report(o: Outcome) -> dict:
         rep["log"] = o.log
     rep["summary"] = summary_sentence(rep)
     return rep
+
+
+def _own_scale(parity: ParityResult) -> dict[str, dict]:
+    """Per output judged at its own scale (prove/compare.py own_tolerance): the smallest atol it was judged at and
+    its magnitude there."""
+    out: dict[str, dict] = {}
+    for case in parity.cases:
+        for name, rec in case.outputs.items():
+            if "atol" in rec and (name not in out or rec["atol"] < out[name]["atol"]):
+                out[name] = {"atol": rec["atol"], "magnitude": rec.get("magnitude"), "case": case.label}
+    return out
 
 
 def summary_sentence(rep: dict) -> str:
