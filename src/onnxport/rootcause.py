@@ -24,8 +24,8 @@ def rank(diags: Sequence[Diagnostic], parity: ParityResult | None = None,
     """``diags`` with the root cause first and its consequences right under it (``follows_from`` set);
     everything else keeps its order. Nothing is dropped."""
     diags = list(diags)
-    root = (_operator(diags) or _precision(diags, parity, divergence) or _frozen(diags, parity)
-            or _fixed_dim(diags))
+    root = (_operator(diags) or _cannot_tell(diags, parity) or _precision(diags, parity, divergence)
+            or _frozen(diags, parity) or _fixed_dim(diags))
     if root is None:
         return diags
     if root not in diags:
@@ -42,6 +42,14 @@ def _operator(diags: list[Diagnostic]) -> Diagnostic | None:
         return None
     ops = [d for d in diags if d.code == "unsupported-operator" and d.severity == "error"]
     return max(ops, key=lambda d: d.module is not None, default=None)
+
+
+def _cannot_tell(diags: list[Diagnostic], parity: ParityResult | None) -> Diagnostic | None:
+    """Every case passes but no output's reference could tell a right file from a wrong one: that, not the
+    export (a frozen line noted while exporting has nothing failing to explain)."""
+    if parity is None or any(not r.passed for r in parity.cases):
+        return None
+    return next((d for d in diags if d.code == "cannot-tell" and d.severity == "error"), None)
 
 
 def _precision(diags: list[Diagnostic], parity: ParityResult | None,
