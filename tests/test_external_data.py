@@ -150,3 +150,26 @@ def test_dynamo_export_above_the_threshold_through_the_cli(tmp_path, monkeypatch
     assert data_of(out / "variants" / "slim.onnx") == ["slim.onnx.data"]
     model = onnx.load(str(out / "model.onnx"))  # loads the weights from the data file
     assert sum(int(np.prod(t.dims)) for t in model.graph.initializer) == 32 * 64 + 64 + 64 * 3 + 3
+
+
+def test_check_finds_external_data_shorter_than_declared(tmp_path):
+    """A .data file truncated after the save: onnx.checker says nothing; check says where it ends."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from onnxport.prove.check import check
+
+    w = numpy_helper.from_array(np.ones((64, 64), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 64])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 64])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save_model(model, str(tmp_path / "m.onnx"), save_as_external_data=True, location="m.onnx.data",
+                    size_threshold=0)
+    assert check(tmp_path / "m.onnx").ok
+    data = tmp_path / "m.onnx.data"
+    data.write_bytes(data.read_bytes()[:1000])
+    got = check(tmp_path / "m.onnx")
+    assert not got.ok and "holds 1000 bytes" in got.checker_error
+    assert [d.code for d in got.diagnostics if d.severity == "error"] == ["external-data-short"]

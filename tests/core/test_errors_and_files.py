@@ -28,3 +28,18 @@ def test_remove_model_removes_the_file_and_its_external_data(tmp_path):
     (tmp_path / "alone.onnx.data").write_bytes(b"x")
     remove_model(str(tmp_path / "alone.onnx"))
     assert not (tmp_path / "alone.onnx.data").exists()
+
+
+def test_a_killed_runs_staging_folder_is_removed_by_the_next_run(tmp_path):
+    """SIGKILL leaves OUT/.onnxport-run-*/ (with a report.json saying ok) behind; the next run into OUT removes it."""
+    from onnxport.core.outdir import STAGE_PREFIX, output_folder
+
+    out = tmp_path / "out"
+    stale = out / f"{STAGE_PREFIX}dead"
+    stale.mkdir(parents=True)
+    (stale / "report.json").write_text('{"status": "ok"}')
+    with output_folder(out, force=False) as stage:
+        assert not stale.exists() and stage.exists()
+        (stage / "report.json").write_text("{}")
+    assert [p.name for p in out.iterdir() if p.name.startswith(STAGE_PREFIX)] == []
+    assert (out / "report.json").read_text() == "{}"

@@ -68,6 +68,7 @@ def output_folder(out: str | Path, force: bool) -> Iterator[Path]:
     created = make_out(out)
     try:
         with _locked(out):
+            remove_stale_stages(out)
             try:
                 stage = Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, dir=out))
             except OSError as e:
@@ -108,6 +109,17 @@ def check_out(out: Path, force: bool) -> None:
 
 STAGE_PREFIX = ".onnxport-run-"
 LOCK_NAME = ".onnxport.lock"
+
+
+def remove_stale_stages(out: Path) -> list[str]:
+    """Remove the staging folders of runs into ``out`` that ended without cleaning up (killed with SIGKILL, a
+    power cut); called holding ``out``'s lock, so no live run owns one. Returns the names removed."""
+    removed = []
+    for entry in out.glob(f"{STAGE_PREFIX}*"):
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry.name)
+    return removed
 
 
 @contextlib.contextmanager

@@ -44,6 +44,38 @@ def _io(value: onnx.ValueInfoProto) -> dict:
 
 
 
+def external_data_short(path: Path, model: onnx.ModelProto) -> str | None:
+    """Why the external data ``model`` (loaded from ``path`` without it) declares does not fit the files beside it:
+    a tensor whose offset + length ends past its data file's size (onnx.checker does not look), or whose length
+    is not its shape's bytes. None when every reference fits."""
+    sizes: dict[str, int] = {}
+    for t in onnx.external_data_helper._get_all_tensors(model):
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        loc = info.get("location")
+        if not loc:
+            continue
+        file = path.parent / loc
+        if loc not in sizes:
+            try:
+                sizes[loc] = file.stat().st_size
+            except OSError:
+                continue  # a missing file is the checker's finding
+        offset, length = int(info.get("offset", 0) or 0), info.get("length")
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize if t.data_type else 0
+        expected = math.prod(t.dims) * itemsize if itemsize and t.data_type not in (
+            onnx.TensorProto.STRING, onnx.TensorProto.INT4, onnx.TensorProto.UINT4) else None
+        length = int(length) if length is not None else (expected if expected is not None else sizes[loc] - offset)
+        if expected is not None and length != expected:
+            return (f"external data of '{t.name}' declares {length} bytes, its shape {list(t.dims)} needs "
+                    f"{expected}")
+        if offset + length > sizes[loc]:
+            return (f"external data of '{t.name}' ends at byte {offset + length} of {loc}, which holds "
+                    f"{sizes[loc]} bytes")
+    return None
+
+
 def check(path: str | Path, inputs: tuple[InputSpec, ...] | None = None, dims: dict | None = None) -> CheckResult:
     """Check ``path`` structurally; with ``inputs``, verify that every declared-dynamic dim is symbolic."""
     path = Path(path)
@@ -71,6 +103,11 @@ def check(path: str | Path, inputs: tuple[InputSpec, ...] | None = None, dims: d
             hint = ("the weights live in an external data file that is missing: keep the .data file(s) beside "
                     "the .onnx file, under the name the graph refers to")
         diags.append(error("onnx-checker", f"onnx.checker rejects the model: {checker_error}", hint=hint))
+    if checker_error is None and (short := external_data_short(path, model)):
+        checker_error = short
+        diags.append(error("external-data-short", short,
+                           hint="the .data file beside the model is truncated or not the one the graph was saved "
+                                "with: copy it again whole, or re-export"))
     shape_error = None
     try:
         with tempfile.TemporaryDirectory() as tmp:
