@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from onnxport.core.errors import UsageError
+from onnxport.core.errors import UsageError, one_line
 from onnxport.prove.check import check
 from onnxport.runtime.sessions import OPT_LEVELS
 from onnxport.seq2seq.records import FILES, WITH_PAST_FILE
@@ -156,8 +156,11 @@ def read_report(out: Path) -> dict | None:
         return None
     try:
         report = json.loads(report_path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise UsageError(f"{report_path} is not a report: it nests deeper than JSON parsers follow",
+                         "re-run onnxport export/convert") from None
     except (OSError, ValueError) as e:
-        raise UsageError(f"{report_path} is not valid JSON: {e}", "re-run onnxport export/convert") from None
+        raise UsageError(f"{report_path} is not valid JSON: {one_line(e)}", "re-run onnxport export/convert") from None
     return report if isinstance(report, dict) else None
 
 
