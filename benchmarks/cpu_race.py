@@ -3,6 +3,7 @@ OpenVINO at f32, bf16 and NNCF int8, timed interleaved on the same inputs and th
 
     .venv/bin/python benchmarks/cpu_race.py [--models minilm,textclassifier] [--work DIR] [--seconds 4]
         [--variants auto] [--time-only]
+    .venv/bin/python benchmarks/cpu_race.py --smoke   # a tiny TextClassifier, slim only, 1x16: seconds
 
 Each model is exported into WORK/<model>/ (reused when model.onnx is there) and optimize.variants() builds and
 proves the variants (``--variants``, default ``auto``: the plan for this CPU, OpenVINO's included). Every variant
@@ -20,6 +21,7 @@ import argparse
 import functools
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +53,12 @@ MODELS = {
         dims=["batch=1..64", "seq=1..512"], model_args={"vocab_size": 30000, "embed_dim": 256, "num_classes": 10}),
         [(1, 128), (8, 128)]),
 }
+# --smoke: the TextClassifier at a tiny size, the slim variant, raced at 1x16 only
+SMOKE = {"textclassifier": (lambda: load_model(
+    f"{ROOT}/examples/text_classifier.py:TextClassifier", inputs=["input_ids:int64[batch,seq]"],
+    dims=["batch=1..4", "seq=1..32"],
+    model_args={"vocab_size": 1000, "embed_dim": 32, "num_classes": 10, "num_layers": 1, "nhead": 2}),
+    [(1, 16)])}
 
 
 def contenders(out: Path, model: Path, variants: list[dict], threads: int) -> dict:
@@ -102,12 +110,22 @@ def main() -> int:
     ap.add_argument("--variants", default="auto")
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--time-only", action="store_true", help="reuse WORK/<model>/variants.json; time only")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a tiny TextClassifier, the slim variant, 1x16, 0.3 s of timing, in a temporary WORK")
     args = ap.parse_args()
+    if args.smoke:
+        with tempfile.TemporaryDirectory(prefix="onnxport-cpu-race-smoke-") as tmp:
+            args.models, args.variants, args.seconds, args.work = "textclassifier", "slim", 0.3, tmp
+            return run(args, SMOKE)
+    return run(args, MODELS)
+
+
+def run(args: argparse.Namespace, models: dict) -> int:
     torch.manual_seed(0)
     threads = default_threads()
     table: list[tuple[str, dict[str, float]]] = []
     for key in args.models.split(","):
-        make, shapes = MODELS[key]
+        make, shapes = models[key]
         out = Path(args.work) / key
         out.mkdir(parents=True, exist_ok=True)
         loaded = make()

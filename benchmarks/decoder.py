@@ -2,6 +2,7 @@
 
     python benchmarks/decoder.py                 # ~100M-parameter Llama shape, random weights
     python benchmarks/decoder.py --quick         # a small model: a smoke run in about a minute
+    python benchmarks/decoder.py --smoke         # a tiny model, 4 tokens, 1 repeat: every code path, quickly
 
 The model (hidden 768, 12 layers, 12 heads, 4 kv heads, intermediate 2048, vocab 32000) is built from a
 LlamaConfig with random weights, exported with its KV cache and proven (``decoder.run_model``), then each variant
@@ -31,17 +32,19 @@ FULL = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_k
             intermediate_size=2048, vocab_size=32000, max_position_embeddings=512)
 QUICK = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
              intermediate_size=688, vocab_size=8000, max_position_embeddings=512)
+SMOKE = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=64, vocab_size=128, max_position_embeddings=512)
 BATCHES = (1, 8)
 DECODE_PROMPT = 16
 LONG_PROMPT = 128
 TARGETS = {"best": 2.0, "export": 1.3}
 
 
-def build(quick: bool):
+def build(config: dict):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**(QUICK if quick else FULL))).eval()
+    model = LlamaForCausalLM(LlamaConfig(**config)).eval()
     return model, sum(p.numel() for p in model.parameters())
 
 
@@ -140,9 +143,13 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=256)
     ap.add_argument("--out", type=Path, default=None, help="where the files go (default: a temporary folder)")
     ap.add_argument("--json", type=Path, default=None, help="write the rows here")
+    ap.add_argument("--smoke", action="store_true", help="a tiny model (hidden 32, 2 layers, vocab 128), 4 tokens, "
+                    "1 repeat: runs every step once, quickly")
     args = ap.parse_args()
+    if args.smoke:
+        args.tokens, args.repeats, args.max_length = 4, 1, LONG_PROMPT + 8
     torch.set_num_threads(args.threads)
-    model, params = build(args.quick)
+    model, params = build(SMOKE if args.smoke else QUICK if args.quick else FULL)
     print(f"model: {params / 1e6:.1f}M parameters, {args.threads} threads", flush=True)
     with tempfile.TemporaryDirectory(prefix="onnxport-decoder-bench-") as tmp:
         out = args.out or Path(tmp)

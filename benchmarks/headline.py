@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/headline.py                       # all three models, batch 1 and 8
     .venv/bin/python benchmarks/headline.py --models resnet18 --best resnet18=out/best.onnx
     .venv/bin/python benchmarks/headline.py --threads 2 --max-seconds 20 --json results.json
+    .venv/bin/python benchmarks/headline.py --smoke --json /tmp/h.json   # a tiny TextClassifier, batch 1: seconds
 
 Each model is loaded once and exported (fp32, onnxport's default exporter) into a temporary directory from
 that same loaded model, so both backends hold identical weights and their outputs can be compared.
@@ -28,6 +29,9 @@ MODELS = {
     "resnet18": dict(source="torchvision:resnet18"),
     "minilm": dict(source="hf:", seq=128),
 }
+# --smoke: the TextClassifier at a tiny size, batch 1, a few runs
+SMOKE = {"text_classifier": dict(MODELS["text_classifier"], seq=16, model_args={
+    "vocab_size": 1000, "embed_dim": 32, "num_classes": 10, "num_layers": 1, "nhead": 2})}
 
 
 def _source(name: str, spec: dict) -> str:
@@ -48,7 +52,11 @@ def main() -> None:
     ap.add_argument("--min-runs", type=int, default=50)
     ap.add_argument("--max-seconds", type=float, default=15.0, help="timed-loop budget per model and batch")
     ap.add_argument("--json", type=Path, help="write every BenchResult dict to this file")
+    ap.add_argument("--smoke", action="store_true", help="a tiny TextClassifier at batch 1, 3 runs, 0.5 s at most")
     args = ap.parse_args()
+    models = MODELS
+    if args.smoke:
+        models, args.models, args.batch, args.min_runs, args.max_seconds = SMOKE, list(SMOKE), [1], 3, 0.5
 
     import torch
 
@@ -67,7 +75,7 @@ def main() -> None:
     lines = []
     with tempfile.TemporaryDirectory(prefix="onnxport-headline-") as tmp:
         for name in args.models:
-            spec = MODELS[name]
+            spec = models[name]
             torch.manual_seed(0)
             t0 = time.perf_counter()
             loaded = load_model(_source(name, spec), inputs=spec.get("inputs"), model_args=spec.get("model_args"))

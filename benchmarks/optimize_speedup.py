@@ -5,6 +5,7 @@ and the TextClassifier, >= 2x for resnet18.
 
     .venv/bin/python benchmarks/optimize_speedup.py [--models minilm,textclassifier,resnet18] [--work DIR]
         [--variants slim,ort,fused,fp16,int8,fused+int8] [--seq 16,32,64,128] [--seconds 10] [--time-only]
+    .venv/bin/python benchmarks/optimize_speedup.py --smoke   # a tiny TextClassifier, slim only: seconds
 
 Each model is exported into WORK/<model>/ (reused when model.onnx is there) and optimize.variants() builds
 and proves the variants (chosen at the first --seq). Then, at each sequence length (text models), eager
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -51,6 +53,12 @@ MODELS = {
         {"batch": 1}, 2.5),
     "resnet18": (lambda: load_model("torchvision:resnet18"), {"batch": 1, "height": 224, "width": 224}, 2.0),
 }
+# --smoke: the TextClassifier at a tiny size, the slim variant at one sequence length, timed briefly
+SMOKE = {"textclassifier": (lambda: load_model(
+    f"{ROOT}/examples/text_classifier.py:TextClassifier", inputs=["input_ids:int64[batch,seq]"],
+    dims=["batch=1..4", "seq=1..32"],
+    model_args={"vocab_size": 1000, "embed_dim": 32, "num_classes": 10, "num_layers": 1, "nhead": 2}),
+    {"batch": 1}, 2.5)}
 
 
 def side_by_side(loaded, files: dict[str, Path], sizes: dict[str, int], seconds: float
@@ -114,12 +122,22 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--time-only", action="store_true",
                     help="reuse the files an earlier run left in WORK/<model>/; time only")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a tiny TextClassifier, the slim variant at seq 16, 0.3 s of timing, in a temporary WORK")
     args = ap.parse_args()
+    if args.smoke:
+        with tempfile.TemporaryDirectory(prefix="onnxport-optimize-smoke-") as tmp:
+            args.models, args.variants, args.seq, args.seconds, args.work = "textclassifier", "slim", "16", 0.3, tmp
+            return run(args, SMOKE)
+    return run(args, MODELS)
+
+
+def run(args: argparse.Namespace, models: dict) -> int:
     torch.manual_seed(0)
     seqs = [int(x) for x in args.seq.split(",") if x]
     rows = []
     for key in args.models.split(","):
-        make, sizes, target = MODELS[key]
+        make, sizes, target = models[key]
         out = Path(args.work) / key
         out.mkdir(parents=True, exist_ok=True)
         loaded = make()
@@ -136,10 +154,9 @@ def main() -> int:
                                     bench_seq=seqs[0] if text else None,
                                     progress=lambda m, k=key: print(f"[{k}]   {m}", flush=True))
             for v in res.variants:
-                metric = v.metric or {}
-                mv = metric.get("value")
+                name, mv = (v.metric.name, v.metric.value) if v.metric else ("", None)
                 print(f"[{key}]   {v.name:11s} passed={v.passed!s:5s} p50@1={v.latency_ms.get('1', float('nan')):8.2f}"
-                      f" ms {metric.get('name', '')}={'n/a' if mv is None else f'{mv:.4f}'} "
+                      f" ms {name}={'n/a' if mv is None else f'{mv:.4f}'} "
                       f"{(v.reason or '')[:90]}", flush=True)
             best = res.best.name if res.best else "none"
             print(f"[{key}] chosen: {best} ({time.perf_counter() - t0:.0f} s building/proving)", flush=True)

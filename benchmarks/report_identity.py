@@ -6,6 +6,9 @@
     .venv/bin/python benchmarks/report_identity.py run /tmp/after
     # 3. compare
     .venv/bin/python benchmarks/report_identity.py diff /tmp/before /tmp/after
+    # a quick check of one run: --only on both (tiny_mlp exports in seconds)
+    .venv/bin/python benchmarks/report_identity.py run /tmp/one --only tiny_mlp
+    .venv/bin/python benchmarks/report_identity.py diff /tmp/one /tmp/one --only tiny_mlp
 
 `run` exports the fixture models (passing, failing and control-flow ones) and converts the three demo models.
 `diff` compares every report.json with the keys that measure time or speed removed (seconds, latencies,
@@ -126,9 +129,11 @@ def cmd_run(work: Path, only: list[str]) -> None:
         print(f"{name:18s} exit {proc.returncode}  {time.perf_counter() - start:6.1f} s", flush=True)
 
 
-def cmd_diff(before: Path, after: Path) -> int:
+def cmd_diff(before: Path, after: Path, only: list[str]) -> int:
     bad = 0
     for name in runs():
+        if only and name not in only:
+            continue
         a, b = before / name / "report.json", after / name / "report.json"
         if not a.exists() or not b.exists():
             print(f"{name:18s} missing report ({'before' if not a.exists() else 'after'})")
@@ -162,11 +167,12 @@ def main() -> int:
     d = sub.add_parser("diff")
     d.add_argument("before", type=Path)
     d.add_argument("after", type=Path)
+    d.add_argument("--only", nargs="*", default=[])
     ns = p.parse_args()
     if ns.cmd == "run":
         cmd_run(ns.work, ns.only)
         return 0
-    return cmd_diff(ns.before, ns.after)
+    return cmd_diff(ns.before, ns.after, ns.only)
 
 
 if __name__ == "__main__":

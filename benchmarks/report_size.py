@@ -99,11 +99,11 @@ def main() -> None:
         t = time.perf_counter()
         page = render_html(rep)
         times.append(time.perf_counter() - t)
-    from onnxport.report.html import _assets
+    from onnxport.report.html import assets
 
-    own = len(page.encode()) - len(_assets()[1].encode())
+    own = len(page.encode()) - len(assets()[1].encode())
     print(f"report.html for {args.nodes:,} nodes ({len(rep['check']['op_histogram'])} op types), {args.cases} cases")
-    print(f"  size          {len(page.encode()) / 1024:,.0f} KB  (of which plotly.js {len(_assets()[1].encode()) / 1024:,.0f} KB,"
+    print(f"  size          {len(page.encode()) / 1024:,.0f} KB  (of which plotly.js {len(assets()[1].encode()) / 1024:,.0f} KB,"
           f" report itself {own / 1024:,.0f} KB)")
     print(f"  import        {import_s * 1000:,.0f} ms")
     print(f"  render        first {times[0] * 1000:,.0f} ms, then median {statistics.median(times[1:] or times) * 1000:,.0f} ms"

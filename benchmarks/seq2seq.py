@@ -1,7 +1,8 @@
 """Decode speed of an exported encoder-decoder (its three files, greedy loop) against PyTorch ``generate()``.
 
     python benchmarks/seq2seq.py            # ~60M-parameter T5-small shape, random weights
-    python benchmarks/seq2seq.py --quick    # a small model: a smoke run
+    python benchmarks/seq2seq.py --quick    # a small model
+    python benchmarks/seq2seq.py --smoke    # a tiny model, 1 repeat: every code path once, in seconds
     python benchmarks/seq2seq.py --variants # the fused and int8 variants too, as convert judges and times them
 
 The model (d_model 512, d_ff 2048, 6 + 6 layers, 8 heads of 64, vocab 32128: T5-small's shape) is built from a
@@ -27,16 +28,17 @@ from onnxport.seq2seq.prove import reference_generate
 
 FULL = dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_decoder_layers=6, num_heads=8)
 QUICK = dict(vocab_size=4000, d_model=128, d_kv=32, d_ff=512, num_layers=2, num_decoder_layers=2, num_heads=4)
+SMOKE = dict(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=4)
 BATCHES = (1, 8)
 SOURCE = 32
 TOKENS = 32
 
 
-def build(quick: bool):
+def build(config: dict):
     from transformers import T5Config, T5ForConditionalGeneration
 
     torch.manual_seed(0)
-    model = T5ForConditionalGeneration(T5Config(decoder_start_token_id=0, **(QUICK if quick else FULL))).eval()
+    model = T5ForConditionalGeneration(T5Config(decoder_start_token_id=0, **config)).eval()
     return model, sum(p.numel() for p in model.parameters())
 
 
@@ -55,9 +57,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--variants", action="store_true", help="build, judge and time fused and int8 too")
+    parser.add_argument("--smoke", action="store_true", help="a tiny model (d_model 32, 1 + 1 layers), 1 repeat")
     args = parser.parse_args()
+    if args.smoke:
+        args.repeats = 1
     torch.set_num_threads(args.threads)
-    model, params = build(args.quick)
+    model, params = build(SMOKE if args.smoke else QUICK if args.quick else FULL)
     rows: dict = {"parameters": params, "threads": args.threads, "source": SOURCE, "tokens": TOKENS}
     with tempfile.TemporaryDirectory() as out:
         t0 = time.perf_counter()

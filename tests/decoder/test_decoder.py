@@ -11,12 +11,11 @@ import numpy as np
 import onnx
 import pytest
 import torch
+import transformers
 
 from onnxport import decoder
 from onnxport.core.errors import UsageError
 from onnxport.runtime.sessions import session
-
-transformers = pytest.importorskip("transformers")
 
 MAX_LENGTH = 48
 

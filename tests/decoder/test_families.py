@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 
 from onnxport import decoder
-from onnxport.core.errors import UsageError
-
-transformers = pytest.importorskip("transformers")
+from onnxport.core.errors import ExportFailed, UsageError
 
 COMMON = dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
               max_position_embeddings=256, hidden_size=32, vocab_size=128)
@@ -202,7 +201,7 @@ def test_missing_kernel_at_every_opset_is_tried_once(monkeypatch, tmp_path):
     monkeypatch.setattr(exporting, "ort_cannot_run", lambda path, layout: (
         "onnxruntime cannot load it: [ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : Could not find an implementation "
         "for Mul(14) node with name 'node_mul_3'"))
-    with pytest.raises(Exception, match="node_mul_3") as err:
+    with pytest.raises(ExportFailed, match="node_mul_3") as err:
         decoder.export_decoder(_tiny("llama"), decoder.cache_layout(_tiny("llama"), 16), tmp_path / "m.onnx")
     assert len(written) == 1 and "kernel onnxruntime lacks" in err.value.hint
     assert exporting.same_kernel("Could not find an implementation for Mul(14) node", 17)

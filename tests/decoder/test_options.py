@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 
 from onnxport import api
 from onnxport.core.errors import UsageError
 from onnxport.core.records import Tolerance
-
-transformers = pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")

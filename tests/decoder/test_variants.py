@@ -17,8 +17,6 @@ from onnxport.decoder import variants
 from onnxport.runtime.sessions import session
 from tests.decoder.test_decoder import _tiny
 
-transformers = pytest.importorskip("transformers")
-
 MAX_LENGTH = 24
 NEW_TOKENS = 8
 

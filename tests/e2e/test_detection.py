@@ -9,7 +9,6 @@ FIXTURE = FIXTURES / "detection.py"
 
 @pytest.mark.slow
 def test_a_detector_is_proven_at_several_sizes_with_ties_reported(tmp_path):
-    pytest.importorskip("torchvision")
     out = tmp_path / "det"
     proc = run_cli("export", f"{FIXTURE}:TiedDetector", "-i", "image:float32[1,3,height,width]",
                    "-d", "height=160..320", "-d", "width=160..320", "--exporter", "torchscript", "-o", str(out))
@@ -37,7 +36,6 @@ def test_a_detector_is_proven_at_several_sizes_with_ties_reported(tmp_path):
 def test_a_detector_resizes_like_eager_where_the_traced_resize_is_a_pixel_off(tmp_path, detector):
     """At 32×77 torchvision's traced resize size (float32) is a pixel wider than eager's (float64): the image
     entering the backbone differs. The export patches the resize while exporting and records it."""
-    pytest.importorskip("torchvision")
     out = tmp_path / "det"
     proc = run_cli("export", f"{FIXTURE}:{detector}", "-i", "image:float32[1,3,height,width]",
                    "-d", "height=32..160", "-d", "width=77..160", "--exporter", "torchscript", "-o", str(out))

@@ -17,7 +17,6 @@ FIXTURE = FIXTURES / "detection.py"
     ("FcosDetector", None),
 ])
 def test_a_detector_of_the_family_is_proven_by_its_task(tmp_path, detector, part):
-    pytest.importorskip("torchvision")
     out = tmp_path / "det"
     proc = run_cli("export", f"{FIXTURE}:{detector}", "-i", "image:float32[1,3,height,width]",
                    "-d", "height=160..320", "-d", "width=160..320", "--exporter", "torchscript", "-o", str(out))

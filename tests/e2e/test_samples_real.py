@@ -7,6 +7,7 @@ import pytest
 
 import onnxport
 from onnxport import report
+from onnxport.optimize.gates import TOP1_MIN
 from onnxport.optimize.quantize import CALIBRATION_METHODS
 from tests.conftest import FIXTURES
 from tests.fixtures.samples import write_images
@@ -36,7 +37,10 @@ def test_minilm_int8_is_judged_on_real_sentences(minilm_dir, tmp_path):
     int8 = _variant(rep, "int8")
     name = "cosine (mean-pooled embedding)"
     random_tokens, sentences = int8["metric"]["value"], _on_samples(int8, name)
-    assert int8["metric"]["name"] == name and 0.5 < random_tokens < 1 and 0.5 < sentences < 1
+    # README: plain dynamic int8 reaches 0.926 on the sentences (0.978 on random tokens) on an AVX2 CPU, 0.946
+    # (0.988) with VNNI; the search within the budget only raises them. Far below is a broken quantization.
+    assert int8["metric"]["name"] == name and 0.965 <= random_tokens < 1 and 0.91 <= sentences < 1
+    assert 0.985 <= int8["samples"]["agreement"]["cosine_mean"] < 1
     assert int8["samples"]["metric_decides"] and int8["samples"]["count"] == 200
     assert int8["passed"] == (sentences >= 0.99 and int8["samples"]["passed"])
     if not int8["passed"]:
@@ -51,7 +55,6 @@ def test_minilm_int8_is_judged_on_real_sentences(minilm_dir, tmp_path):
 
 @pytest.mark.slow
 def test_resnet18_static_int8_calibrated_on_images(tmp_path):
-    pytest.importorskip("torchvision")
     write_images(tmp_path / "imgs", 24, size=96)
     rep = onnxport.convert("torchvision:resnet18", tmp_path / "out", inputs=["image:float32[batch,3,224,224]"],
                            dims=["batch=1..4"], exporter="torchscript", samples=tmp_path / "imgs",
@@ -66,8 +69,10 @@ def test_resnet18_static_int8_calibrated_on_images(tmp_path):
     assert all("margin" in cal["held_out_metrics"][m] for m in CALIBRATION_METHODS)
     assert cal["held_out_metrics"][cal["method"]]["margin"] == max(
         cal["held_out_metrics"][m]["margin"] for m in CALIBRATION_METHODS)
-    top1 = _on_samples(int8, "top1_agreement")
-    assert 0 <= top1 <= 1 and int8["samples"]["agreement"]["topk_agreement"] is not None
+    # README: top-1 agreement 1.000 on the images; one of the 24 flipping still passes the gate
+    top1, top5 = _on_samples(int8, "top1_agreement"), int8["samples"]["agreement"]["topk_agreement"]
+    assert TOP1_MIN <= top1 <= 1 and 0.9 <= top5 <= 1 and int8["passed"]
+    assert 0.75 <= int8["metrics"][-1]["value"] <= 1  # top-1 on the generated inputs: README 0.833 to 1.000
     print(f"\nresnet18 int8 ({cal['method']} calibration, held-out margins "
           f"{ {m: cal['held_out_metrics'][m]['margin'] for m in CALIBRATION_METHODS} }): top-1 agreement on the "
           f"images {top1:.3f}, top-5 {int8['samples']['agreement']['topk_agreement']:.3f}; on generated inputs "

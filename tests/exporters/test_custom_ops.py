@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import onnx
+import onnxruntime_extensions as ortx
 import pytest
 import torch
 
@@ -15,7 +16,6 @@ from onnxport.core.errors import UsageError
 from onnxport.runtime.sessions import session
 from tests.conftest import FIXTURES, ROOT, load_report, run_cli
 
-ortx = pytest.importorskip("onnxruntime_extensions")
 MODELS = FIXTURES / "custom_op_models.py"
 LIBRARY_MODEL = FIXTURES / "custom_op_library_model.py"
 SPEC = {"inputs": ["x:float32[batch,8]"], "dims": ["batch=1..16"]}

@@ -10,8 +10,8 @@ from tests.conftest import load_report, run_cli
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
-    transformers = pytest.importorskip("transformers")
     import torch
+    import transformers
 
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -25,7 +25,7 @@ def tiny_llama(tmp_path_factory):
 def test_rotary_embedding_refused_at_run_time_falls_back_to_an_opset_that_runs(tiny_llama, tmp_path):
     out = tmp_path / "o"
     proc = run_cli("export", f"hf:{tiny_llama}", "-d", "seq=1..64", "-o", str(out))
-    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    assert proc.returncode == 0, proc.stderr[-2000:]
     rep = load_report(out)
     attempts = rep["export"]["attempts"]
     refused = [a for a in attempts if not a["ok"] and "cannot run the opset-" in (a["error"] or "")]

@@ -5,13 +5,13 @@ import math
 from types import SimpleNamespace
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 import torch
+import torchvision.models.detection.transform as tv_transform
 from torch import nn
 
 from onnxport.exporters import patches
-
-tv_transform = pytest.importorskip("torchvision.models.detection.transform")
 
 
 def _eager_size(h: int, w: int, min_size: int, max_size: int) -> tuple[int, int]:
@@ -93,7 +93,6 @@ def _export(model: nn.Module, path, size: tuple[int, int]) -> None:
 def test_the_traced_detector_transform_resizes_like_eager_with_the_patch(tmp_path):
     """At 32×77 eager resizes to 265×639; the traced float32 size is 265×640 (the image entering the backbone
     differs: error ~15 after padding). Patched, the ONNX image is eager's."""
-    ort = pytest.importorskip("onnxruntime")
     model = _Transform().eval()
     path = tmp_path / "transform.onnx"
     with patches.applied(_loaded(model), "torchscript"):

@@ -199,7 +199,6 @@ def test_measure_times_a_file_under_its_variants_session_options(mlp, mlp_file):
 
 
 def test_gpu_fp16_of_a_hugging_face_bert_is_fused_with_fp32_io(tmp_path):
-    pytest.importorskip("transformers")
     loaded = load_model(f"{BENCH}:tiny_bert", inputs=["input_ids:int64[batch,seq]{0..999}",
                                                        "attention_mask:int64[batch,seq]{1..1}"],
                         dims=["batch=1..4", "seq=1..16"])
@@ -242,7 +241,8 @@ def test_report_records_the_options_of_each_variant_and_of_the_best(mlp):
       "cuda": {"use_tf32": "0"}}),
 ])
 def test_triton_config_carries_the_best_variants_options(mlp_file, options, accelerators):
-    pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+    from tritonclient.grpc import model_config_pb2 as pb2
+
     text = config_pbtxt(model_config(signature(mlp_file), "m", gpu=True, max_batch=8, variant_options=options))
     cfg = text_format.Parse(text, pb2.ModelConfig())
     got = {a.name: dict(a.parameters) for a in cfg.optimization.execution_accelerators.gpu_execution_accelerator}
@@ -262,7 +262,8 @@ def _bench_module():
 
 
 def test_gpu_benchmark_without_cuda_says_so_and_exits_0(capsys):
-    torch = pytest.importorskip("torch")
+    import torch
+
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the script would run the real benchmark")
     assert _bench_module().main([]) == 0

@@ -118,7 +118,8 @@ def test_rules_parse_and_resolve():
 
 
 def test_detection_params_come_from_the_detection_head():
-    torchvision = pytest.importorskip("torchvision")
+    import torchvision
+
     model = torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(
         weights=None, weights_backbone=None, num_classes=3)
     p = cmp.detection_params(model)

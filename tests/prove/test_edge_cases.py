@@ -160,7 +160,6 @@ EDGE = [Case("edge values", {"batch": 4, "seq": 8}, "edge", 5)]
 
 @pytest.fixture(scope="module")
 def phi_export(tmp_path_factory):
-    pytest.importorskip("transformers")
     loaded = _loaded(em.tiny_phi(), *LM_IN)
     res = export(loaded, tmp_path_factory.mktemp("phi") / "model.onnx", exporter="dynamo")
     return loaded, res.path

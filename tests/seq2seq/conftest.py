@@ -24,7 +24,6 @@ def feature_extractor():
 @pytest.fixture(scope="session")
 def t5_out(tmp_path_factory) -> Path:
     """The tiny T5 exported by ``api.export`` (three files, report.json, tokenizer/)."""
-    pytest.importorskip("tokenizers")
     from onnxport import api
     from tests.serve.test_generate import _tokenizer
 

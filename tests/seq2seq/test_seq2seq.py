@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+import transformers
 
 from onnxport import api, seq2seq
 from onnxport.core.errors import UsageError
@@ -17,8 +18,6 @@ from onnxport.seq2seq.feeds import encoder_inputs
 from onnxport.seq2seq.prove import reference_generate
 from tests.conftest import load_report, run_cli
 from tests.seq2seq.tiny import tiny
-
-transformers = pytest.importorskip("transformers")
 
 MAX_LENGTH = 40
 

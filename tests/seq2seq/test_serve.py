@@ -9,15 +9,10 @@ import numpy as np
 import pytest
 
 from onnxport import seq2seq
+from onnxport.serve import serve_app
 from tests.seq2seq.tiny import tiny
-
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("tokenizers")
-pytest.importorskip("fastapi")
-
-from onnxport.serve import serve_app  # noqa: E402
-from tests.serve.test_generate import _events, _tokenizer  # noqa: E402
-from tests.serve.test_serve import post, running  # noqa: E402
+from tests.serve.test_generate import _events, _tokenizer
+from tests.serve.test_serve import post, running
 
 SOURCE = "the quick brown fox jumps"
 

@@ -11,16 +11,13 @@ import shutil
 import numpy as np
 import pytest
 import torch
+import transformers
 
+from onnxport.serve import serve_app
 from tests.seq2seq.conftest import feature_extractor
 from tests.seq2seq.tiny import tiny
-
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("fastapi")
-
-from onnxport.serve import serve_app  # noqa: E402
-from tests.serve.test_generate import _events  # noqa: E402
-from tests.serve.test_serve import post, running  # noqa: E402
+from tests.serve.test_generate import _events
+from tests.serve.test_serve import post, running
 
 MEL, FRAMES, RATE = 16, 64, 16000
 EOS = 2

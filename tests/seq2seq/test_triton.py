@@ -19,8 +19,6 @@ from onnxport.core.errors import UsageError
 from onnxport.deploy import triton_repository
 from tests.seq2seq.tiny import tiny
 
-transformers = pytest.importorskip("transformers")
-
 
 class _Tensor:
     def __init__(self, name: str, array: np.ndarray) -> None:
@@ -130,7 +128,6 @@ def test_whisper_repository_takes_features(whisper_out, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_serve_serves_the_python_backend_entry_with_generate(t5_out, tmp_path):
-    pytest.importorskip("fastapi")
     from onnxport.serve import serve_app
     from tests.serve.test_serve import post, running
 

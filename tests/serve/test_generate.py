@@ -9,22 +9,19 @@ import shutil
 
 import numpy as np
 import pytest
+import tokenizers
 import torch
+import transformers
 
+from onnxport.core.errors import UsageError
+from onnxport.decoder.flow import run_model
+from onnxport.decoder.generation import generate_greedy, stream_greedy
+from onnxport.decoder.prove import greedy
+from onnxport.decoder.tokenizer import load_tokenizer, save_tokenizer
+from onnxport.runtime.sessions import session
+from onnxport.serve import serve_app, signature
+from onnxport.serve.generate import DEFAULT_MAX_LENGTH, decoder_layout
 from tests.serve.test_serve import fixed_shape_model, get, metric, post, running
-
-transformers = pytest.importorskip("transformers")
-tokenizers = pytest.importorskip("tokenizers")
-pytest.importorskip("fastapi")
-
-from onnxport.core.errors import UsageError  # noqa: E402
-from onnxport.decoder.flow import run_model  # noqa: E402
-from onnxport.decoder.generation import generate_greedy, stream_greedy  # noqa: E402
-from onnxport.decoder.prove import greedy  # noqa: E402
-from onnxport.decoder.tokenizer import load_tokenizer, save_tokenizer  # noqa: E402
-from onnxport.runtime.sessions import session  # noqa: E402
-from onnxport.serve import serve_app, signature  # noqa: E402
-from onnxport.serve.generate import DEFAULT_MAX_LENGTH, decoder_layout  # noqa: E402
 
 MAX_LENGTH = 48
 VOCAB = 128

@@ -14,25 +14,22 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import tritonclient.grpc as tg
+import tritonclient.http as th
+from google.protobuf import json_format
 from onnx import TensorProto, helper
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
 
+from onnxport.serve import listen, serve_app
+from onnxport.serve.runner import Server
 from tests.conftest import ROOT
-
-pytest.importorskip("fastapi")
-grpc = pytest.importorskip("grpc")
-tg = pytest.importorskip("tritonclient.grpc")
-th = pytest.importorskip("tritonclient.http")
-from google.protobuf import json_format  # noqa: E402
-from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc  # noqa: E402
-from tritonclient.utils import InferenceServerException  # noqa: E402
-
-from onnxport.serve import listen, serve_app  # noqa: E402
-from onnxport.serve.runner import Server  # noqa: E402
-from tests.serve.test_serve import get, metric, mlp_out, post  # noqa: E402, F401 - mlp_out is a fixture
+from tests.serve.test_serve import get, metric, mlp_out, post  # noqa: F401 - mlp_out is a fixture
 
 MAX_BODY = 256 * 1024
 

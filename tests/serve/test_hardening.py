@@ -17,11 +17,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-pytest.importorskip("fastapi")
-
-from onnxport.serve import Timeouts, listen, serve_app  # noqa: E402
-from onnxport.serve.runner import Server  # noqa: E402
-from tests.serve.test_serve import get, post  # noqa: E402
+from onnxport.serve import Timeouts, listen, serve_app
+from onnxport.serve.runner import Server
+from tests.serve.test_serve import get, post
 
 FAST = Timeouts(header_s=0.6, body_s=0.6, idle_s=0.6)
 SLACK_S = 2.0  # how much later than its timeout a connection may close on a busy machine

@@ -19,16 +19,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import tritonclient.http as th
 from onnx import TensorProto, helper
+from tritonclient.utils import InferenceServerException
 
+from onnxport.core.errors import UsageError
+from onnxport.serve import listen, serve_app
 from tests.conftest import MODELS, ROOT
-
-pytest.importorskip("fastapi")
-th = pytest.importorskip("tritonclient.http")
-from tritonclient.utils import InferenceServerException  # noqa: E402
-
-from onnxport.core.errors import UsageError  # noqa: E402
-from onnxport.serve import listen, serve_app  # noqa: E402
 
 MAX_BODY = 256 * 1024
 

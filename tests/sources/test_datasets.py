@@ -102,7 +102,6 @@ def test_images_with_a_preprocess_function_and_a_broken_one(tmp_path):
 
 
 def test_torchvision_images_get_the_weights_eval_transform(tmp_path):
-    pytest.importorskip("torchvision")
     net = load_model("torchvision:resnet18", inputs=["image:float32[batch,3,224,224]"], dims=["batch=1..4"])
     write_images(tmp_path / "imgs", 3, size=80)
     s = read_samples(tmp_path / "imgs", net)
@@ -111,7 +110,6 @@ def test_torchvision_images_get_the_weights_eval_transform(tmp_path):
 
 
 def test_timm_images_get_the_models_data_config(tmp_path):
-    pytest.importorskip("timm")
     net = load_model("timm:resnet10t", dims=["batch=1..4"])
     write_images(tmp_path / "imgs", 2)
     s = read_samples(tmp_path / "imgs", net)

@@ -179,7 +179,6 @@ UNET_SOURCE = "tests/fixtures/diffusers_models.py:unet"
 def test_diffusers_unet_given_directly_loads_fast():
     """UNet2DConditionModel returns a UNet2DConditionOutput (a BaseOutput: no keys); it loads at its latent
     size in seconds, where the photo defaults (h, w at 224) cost minutes per forward pass."""
-    pytest.importorskip("diffusers")
     from tests.fixtures import diffusers_models as dm
 
     lm = load_model(UNET_SOURCE, inputs=dm.UNET_INPUTS)
@@ -190,7 +189,6 @@ def test_diffusers_unet_given_directly_loads_fast():
 
 @pytest.mark.slow
 def test_diffusers_unet_with_a_scalar_timestep_loads():
-    pytest.importorskip("diffusers")
     lm = load_model(UNET_SOURCE, inputs=["sample:float32[batch,4,h,w]", "timestep:int64[]",
                                          "encoder_hidden_states:float32[batch,seq,32]"])
     assert lm.output_names == ("sample_out",)
@@ -212,7 +210,6 @@ def _proven_within(source: str, inputs: list[str], tmp_path, seconds: float) -> 
 @pytest.mark.slow
 def test_diffusers_unet_exports_and_is_proven(tmp_path):
     """The whole UNet, given as it is: exported, proven at its latent sizes, in a few minutes on 2 cores."""
-    pytest.importorskip("diffusers")
     from tests.fixtures import diffusers_models as dm
 
     report = _proven_within(UNET_SOURCE, dm.UNET_INPUTS, tmp_path, 180)
@@ -225,7 +222,6 @@ def test_diffusers_unet_exports_and_is_proven(tmp_path):
 
 @pytest.mark.slow
 def test_diffusers_vae_decoder_exports_and_is_proven(tmp_path):
-    pytest.importorskip("diffusers")
     from tests.fixtures import diffusers_models as dm
 
     _proven_within("tests/fixtures/diffusers_models.py:Decoder", dm.DECODER_INPUTS, tmp_path, 180)

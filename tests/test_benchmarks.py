@@ -1,0 +1,160 @@
+"""Every script in benchmarks/ runs in its quickest form (a tiny model, one repeat, outputs in a temporary
+folder) and exits 0 with the figures it exists to print: a benchmark that crashes fails here, not on the day
+someone needs its numbers."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import MODELS, ROOT
+
+BENCHMARKS = ROOT / "benchmarks"
+TIMEOUT_S = 300  # each script; its smoke form takes seconds to half a minute on 2 cores
+
+
+def bench(script: str, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
+    """Run ``benchmarks/SCRIPT ARGS`` with this interpreter; with ``ok``, assert exit 0 (showing its output)."""
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True,
+                          timeout=TIMEOUT_S, cwd=ROOT, env=dict(os.environ, COLUMNS="200", ONNXPORT_DEBUG=""))
+    if ok:
+        assert proc.returncode == 0, f"{script} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def test_every_script_has_a_smoke_test():
+    tested = set(re.findall(r'bench\("(\w+\.py)"', Path(__file__).read_text()))
+    assert {p.name for p in BENCHMARKS.glob("*.py")} == tested
+
+
+def test_report_size(tmp_path):
+    page = tmp_path / "report.html"
+    proc = bench("report_size.py", "--nodes", "200", "--cases", "5", "--repeat", "1", "--out", str(page))
+    assert re.search(r"size +[\d,]+ KB +\(of which plotly\.js [\d,]+ KB, report itself [\d,]+ KB\)", proc.stdout)
+    assert "render        first" in proc.stdout and "<html" in page.read_text(encoding="utf-8")
+
+
+def test_report_identity(tmp_path):
+    work = tmp_path / "run"
+    assert re.search(r"^tiny_mlp +exit 0 ", bench("report_identity.py", "run", str(work), "--only", "tiny_mlp").stdout,
+                     re.M)
+    proc = bench("report_identity.py", "diff", str(work), str(work), "--only", "tiny_mlp")
+    assert re.fullmatch(r"tiny_mlp +identical \(status ok, best None\)\n", proc.stdout)
+
+
+def test_export_time():
+    proc = bench("export_time.py", "--runs", "1", "--source", f"{MODELS}:TinyMLP", "--", "-i", "x:float32[batch,8]")
+    assert re.search(r"^run 1: [\d.]+ s wall +\(.*exporter \w+, \d+ cases\)$", proc.stdout, re.M)
+    assert re.search(r"TinyMLP: median [\d.]+ s, min [\d.]+ s over 1 runs", proc.stdout)
+
+
+def test_headline(tmp_path):
+    out = tmp_path / "headline.json"
+    proc = bench("headline.py", "--smoke", "--json", str(out))
+    assert re.search(r"^text_classifier +batch 1 +[\d.]+x eager", proc.stdout, re.M)
+    runs = {r["backend"]: r for r in json.loads(out.read_text())["text_classifier"]["runs"]}
+    assert {"pytorch", "onnxruntime"} <= set(runs) and all(r["batch"] == 1 and r["p50_ms"] > 0 for r in runs.values())
+    assert runs["onnxruntime"]["max_abs_diff"] < 1e-4 and runs["onnxruntime"]["speedup"] > 0
+
+
+def test_optimize_speedup():
+    proc = bench("optimize_speedup.py", "--smoke")
+    assert re.search(r"^\[textclassifier\] +slim +passed=True .* cosine[^=]*=1\.0000", proc.stdout, re.M)
+    rows = re.findall(r"^textclassifier seq 16 +(\S+) +[\d.]+ ms +[\d.]+x eager", proc.stdout, re.M)
+    assert rows[:2] == ["pytorch-eager", "export"] and "<- best" in proc.stdout
+
+
+def test_cpu_race():
+    proc = bench("cpu_race.py", "--smoke")
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("| shape |"))
+    assert "| pytorch-eager | ort-export |" in header and "openvino-default" in header
+    assert re.search(r"^\| textclassifier 1x16 \|( [\d.]+ \|)+$", proc.stdout, re.M)
+    assert "[textclassifier] onnxport's choice (best): " in proc.stdout
+
+
+@pytest.mark.slow
+def test_gpu_on_the_cpu(tmp_path):
+    out = tmp_path / "gpu.json"
+    bench("gpu.py", "--cpu-smoke", "--json", str(out))
+    (row,) = json.loads(out.read_text())
+    assert (row["model"], row["batch"]) == ("bert", 1) and row["best"]
+    assert row["ms"]["onnxport fp32"] > 0 and row["ms"]["torch eager fp32"] > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the script runs the real benchmark")
+def test_gpu_without_cuda_says_so():
+    proc = bench("gpu.py")
+    assert "needs a CUDA GPU" in proc.stdout and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_large_model(tmp_path):
+    out = tmp_path / "large"
+    bench("large_model.py", "--layers", "1", "--width", "64", "--variants", "slim", "--out", str(out))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["parameters"] == 64 * 64 + 64 + 64 * 10 + 10
+    assert [(s["stage"], s["exit"]) for s in summary["stages"]] == [
+        ("export", 0), ("opt:slim", 0), ("check", 0), ("triton", 0)]
+    assert [v[:2] for v in summary["variants"]] == [["slim", True]]
+
+
+@pytest.mark.slow
+def test_decoder(tmp_path):
+    out = tmp_path / "decoder.json"
+    proc = bench("decoder.py", "--smoke", "--json", str(out))
+    assert "exported and proven in" in proc.stdout and "passed=True" in proc.stdout
+    data = json.loads(out.read_text())
+    rows = {r["name"]: r for r in data["rows"]}
+    assert {"eager loop", "eager generate", "export"} <= set(rows) and rows["export"]["passed"]
+    assert all(r["tok_s_b1"] > 0 and r["tok_s_b8"] > 0 for r in rows.values() if "tok_s_b1" in r)
+    assert data["best"] and data["export_vs_eager"] > 0
+
+
+@pytest.mark.slow
+def test_seq2seq():
+    proc = bench("seq2seq.py", "--smoke")
+    rows = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert rows["proven"] is True and rows["tokens"] == 32
+    for batch in ("batch 1", "batch 8"):
+        assert rows[batch]["onnx loop"]["decode_tok_s"] > 0 and rows[batch]["pytorch generate()"]["decode_tok_s"] > 0
+        assert rows[batch]["x generate"] > 0
+
+
+@pytest.mark.slow
+def test_serve_load(tmp_path):
+    out = tmp_path / "serve_load.json"
+    proc = bench("serve_load.py", "--smoke", "--json", str(out))
+    assert "load proof PASSED" in proc.stdout
+    data = json.loads(out.read_text())
+    assert [r["mode"] for r in data["rows"]] == ["raw ORT (one at a time)", "onnxport serve, HTTP",
+                                                 "onnxport serve, gRPC", "raw ORT (one at a time), again after"]
+    assert all((r["requests"], r["errors"], r["wrong"]) == (48, 0, 0) for r in data["rows"])
+    (drain,) = data["drains"]
+    assert drain["exit_code"] == 0 and drain["answered_total"] > 0
+
+
+@pytest.mark.slow
+def test_serve_throughput():
+    proc = bench("serve_throughput.py", "--smoke")
+    assert re.search(r"c=2 +ratios: batched/unbatched throughput [\d.]+x, batched/raw-ORT [\d.]+x", proc.stdout)
+    modes = re.findall(r"^\| text_classifier \(tiny\) \| 2 \| (\w+) \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$", proc.stdout, re.M)
+    assert modes[:3] == ["batched", "unbatched", "ort"]
+
+
+@pytest.mark.slow
+def test_yes_rate(tmp_path):
+    out = tmp_path / "yes_rate.json"
+    proc = bench("yes_rate.py", "--only", "pattern_scatter_add", "--out", str(out))
+    assert f"wrote {out}" in proc.stdout
+    data = json.loads(out.read_text())
+    assert data["summary"] == {"models": 1, "onnxport_yes": 1, "any_plain_correct": 1, "silent_failures": 0}
+    (row,) = data["models"]
+    assert row["model"] == "pattern_scatter_add" and row["onnxport"]["status"] == "ok"
+    assert row["onnxport"]["check"]["ok"] is True
