@@ -193,3 +193,15 @@ def test_bad_input_is_exit_2_in_one_line_before_any_work(odd_files, tmp_path, la
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr and words in lines[0], proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_model_thread_that_never_ends_does_not_keep_the_cli_alive(tmp_path):
+    """The model's __init__ starts a non-daemon thread sleeping an hour: the CLI still ends when the proof does."""
+    from tests.conftest import FIXTURES, run_cli
+
+    t0 = time.perf_counter()
+    r = run_cli("export", f"{FIXTURES / 'telling.py'}:StartsAThread", "-i", "x:float32[batch,8]",
+                "-o", str(tmp_path / "o"), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (tmp_path / "o" / "model.onnx").exists() and (tmp_path / "o" / "report.json").exists()
+    assert time.perf_counter() - t0 < 240

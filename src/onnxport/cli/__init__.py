@@ -9,11 +9,13 @@ import signal as _signal
 _signal.signal(_signal.SIGINT, lambda *_: (print("interrupted", file=__import__("sys").stderr),
                                            __import__("os")._exit(130)))
 
+import contextlib
 import functools
 import json
 import os
 import shlex
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -431,7 +433,24 @@ def main() -> None:
     except signals.Stopped as e:
         err.print(e.word)
         code = e.exit_code
-    sys.exit(code or 0)
+    _exit(code or 0)
+
+
+def _exit(code: int) -> None:
+    """End the process with ``code`` once the work is done, even where the user's model started a thread that
+    never ends (a non-daemon thread keeps Python alive after main returns): the exit handlers run, the
+    streams are flushed, and the process ends."""
+    lingering = [t for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()
+                 and not t.daemon]
+    if not lingering:
+        sys.exit(code)
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 # Typer raises its own copy of click's UsageError for unknown options, bad values and missing arguments.
