@@ -92,6 +92,44 @@ def _closed_after(conn: socket.socket, trickle: bytes = b"", every_s: float = 0.
 # ---------------------------------------------------------------- timeouts
 
 
+@contextlib.contextmanager
+def server_log():
+    """The records the server logs meanwhile (uvicorn's loggers do not reach the root logger)."""
+    import logging
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Keep(level=logging.DEBUG)
+    logger = logging.getLogger("uvicorn.error")
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+
+
+def test_a_client_gone_mid_body_is_one_line_not_a_traceback(url):
+    """Disconnecting halfway through the body, or a body that times out (408): no ASGI traceback in the log."""
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [1.0] * 8}]}).encode()
+    head = (b"POST /v2/models/relu/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body))
+    with server_log() as records:
+        with _connect(url) as conn:
+            conn.sendall(head + body[:10])
+            time.sleep(0.2)
+        with _connect(url) as conn:
+            conn.sendall(head + body[:5])
+            _closed_after(conn, trickle=body[5:])
+        time.sleep(0.5)
+    assert not [r for r in records if r.exc_info or "Exception in ASGI" in r.getMessage()], \
+        [r.getMessage() for r in records]
+    assert get(url, "/v2/health/ready")[0] == 200
+
+
 def test_an_idle_connection_is_closed_within_the_idle_timeout(url):
     with _connect(url) as conn:  # opens and says nothing
         took, answer = _closed_after(conn)

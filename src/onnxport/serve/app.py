@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import zlib
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from onnxport.core.errors import UsageError
 from onnxport.core.options import RuntimeOptions
@@ -69,11 +71,17 @@ async def _read_body(request: Request, limit: int) -> bytes:
         if int(length) > limit:
             raise BadRequest(f"the request body is {int(length)} bytes; the limit is {limit}", 413)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BadRequest(f"the request body exceeds the limit of {limit} bytes", 413)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise BadRequest(f"the request body exceeds the limit of {limit} bytes", 413)
+            chunks.append(chunk)
+    except ClientDisconnect:  # went away mid-body, or its body timed out (answered 408): one line, no traceback
+        client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
+        logging.getLogger("uvicorn.error").info("%s went away before its request body arrived (%d bytes of it)",
+                                                client, size)
+        raise BadRequest("the client went away before its request body arrived", 400) from None
     return b"".join(chunks)
 
 
