@@ -158,3 +158,9 @@ def test_yes_rate(tmp_path):
     (row,) = data["models"]
     assert row["model"] == "pattern_scatter_add" and row["onnxport"]["status"] == "ok"
     assert row["onnxport"]["check"]["ok"] is True
+
+
+def test_serve_json():
+    proc = bench("serve_json.py", "--mb", "1", "--bodies", "2")
+    assert re.search(r"^ orjson: worst health latency +[\d.]+ ms", proc.stdout, re.M)
+    assert re.search(r"^ratio json / orjson: health [\d.]+x, answers [\d.]+x$", proc.stdout, re.M)

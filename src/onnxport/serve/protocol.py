@@ -8,6 +8,7 @@ import zlib
 from dataclasses import dataclass
 
 import numpy as np
+import orjson
 
 from onnxport.serve.models import NUMPY_DTYPES, Signature
 
@@ -94,8 +95,19 @@ def split_body(body: bytes, header_length: str | None) -> tuple[object, bytes]:
         head, binary = body[:int(header_length)], body[int(header_length):]
     else:
         head, binary = body, b""
+    return loads(head), binary
+
+
+def loads(text: bytes) -> object:
+    """A JSON request body parsed: by orjson (several times faster than the json module, so a large body holds
+    the interpreter lock, and the event loop's health answers, for a fraction of the time), by the json module
+    where orjson refuses what the protocol accepts (NaN and Infinity literals, integers past 64 bits)."""
     try:
-        return json.loads(head), binary
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(text)
     except (ValueError, RecursionError) as e:
         raise BadRequest(f"the request is not valid JSON: {str(e)[:200]}") from None
 

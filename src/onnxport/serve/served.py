@@ -48,7 +48,8 @@ _parse_pool: ThreadPoolExecutor | None = None
 async def offload(size: int, fn: Callable[..., T], *args, **kwargs) -> T:
     """``fn(*args, **kwargs)``: on the event loop when ``size`` (the bytes it reads or writes) is at most
     INLINE_BYTES, else in the parse pool, so that the loop keeps answering (health checks, other requests).
-    What releases the interpreter lock (inflating, copying arrays) runs beside the loop; ``json.loads`` holds it,
+    What releases the interpreter lock (inflating, copying arrays) runs beside the loop; the JSON parser holds it
+    (orjson: a fraction of the json module's time),
     so the loop waits for one such call at most, instead of for every large body in turn."""
     global _parse_pool
     if size <= INLINE_BYTES:
