@@ -34,7 +34,7 @@ from onnxport.core.options import (
 )
 from onnxport.core.outdir import RESULT_FILES, check_out, output_folder
 from onnxport.core.records import BatchInvariance, ExportResult, Failure
-from onnxport.core.samples import validation_cases
+from onnxport.core.samples import sweep_cases, validation_cases
 from onnxport.core.spec import Dim, InputSpec
 from onnxport.decoder.applies import refuse_for_decoder
 from onnxport.decoder.tokenizer import save_tokenizer
@@ -500,6 +500,7 @@ def _check_and_compare(run: Run, diags: list[Diagnostic], localize_failure: bool
     run.progress("proving parity with PyTorch")
     t = time.perf_counter()
     cases = validation_cases(loaded.dims)
+    cases += sweep_cases(loaded.dims, cases)  # every size of a short range (batch 1..16)
     diags.extend(diagnose.runtime_traps(loaded, cases[0]))
     extra, sites = branches.cover(loaded, result.path, cases, result.guards)
     cases += extra

@@ -97,3 +97,19 @@ def test_empty_or_tied_detections_cannot_tell():
     mixed = [seen[0], {n: summary(n, a, "detections") for n, a in found.items()}, seen[2]]
     assert not {"boxes", "scores"} & set(cannot_tell(cases, mixed))  # one case with detections can tell
     assert telling_cases(mixed, cannot_tell(cases, mixed)) == [False, True, False]  # only that case proves dims
+
+
+def test_every_size_of_a_short_range_is_proven(tmp_path):
+    """batch 1..16: every size has a case, so a file wrong at batch 7 alone fails; the report lists the sizes."""
+    out = tmp_path / "seven"
+    r = run_cli("export", f"{TELLING}:WrongAtSeven", "-i", "x:float32[batch,8]", "-d", "batch=1..16",
+                "--exporter", "torchscript", "-o", str(out))
+    assert r.returncode == 1, r.stdout + r.stderr
+    rep = load_report(out)
+    failed = [c for c in rep["validation"]["cases"] if not c["passed"]]
+    assert [c["sizes"] for c in failed] == [{"batch": 7}]
+    ok = run_cli("export", f"{FIXTURES / 'models.py'}:TinyMLP", "-i", "x:float32[batch,8]", "-d", "batch=1..16",
+                 "-o", str(tmp_path / "ok"))
+    assert ok.returncode == 0
+    dims = load_report(tmp_path / "ok")["check"]["dynamic_dims"]
+    assert [d["sizes_passed"] for d in dims] == [list(range(1, 17))]

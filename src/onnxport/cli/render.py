@@ -101,15 +101,31 @@ def _print_validation(rep: dict, out: Path) -> None:
         t = Table(title=f"validation (atol {val['tolerance']['atol']}, rtol {val['tolerance']['rtol']})")
         for col in ("case", "sizes", "max abs err", "max rel err", "pass"):
             t.add_column(col)
+        swept: dict[str, list[dict]] = {}
         for c in val["cases"]:
+            label = c.get("label", "")
+            dim = label.split("=", 1)[0] if "=" in label and " " not in label else None
+            if dim is not None and c["passed"]:  # a passing sweep of a short range: one row per dim below
+                swept.setdefault(dim, []).append(c)
+                continue
             sizes = c.get("sizes") or {}
             shapes = (" ".join(f"{k}={v}" for k, v in sizes.items()) if sizes
                       else " ".join(f"{k}{_shape(v)}" for k, v in c["shapes"].items()))
             mark = "[green]✔[/]" if c["passed"] else f"[red]✘[/] {escape(c.get('error') or '')}"
             fa = "-" if c["max_abs_err"] is None else f"{c['max_abs_err']:.2e}"
             fr = "-" if c["max_rel_err"] is None else f"{c['max_rel_err']:.2e}"
-            t.add_row(c.get("label", ""), shapes, fa, fr, Text.from_markup(mark))
+            t.add_row(label, shapes, fa, fr, Text.from_markup(mark))
+        for dim, cs in swept.items():
+            fa = max((c["max_abs_err"] or 0.0) for c in cs)
+            fr = max((c["max_rel_err"] or 0.0) for c in cs)
+            sizes = ",".join(str((c.get("sizes") or {}).get(dim, "?")) for c in cs)
+            t.add_row(f"every {dim}", f"{dim}={sizes}", f"{fa:.2e}", f"{fr:.2e}", Text.from_markup("[green]✔[/]"))
         err.print(t)
+        for name, own in (val.get("own_scale") or {}).items():
+            err.print(f"  output {escape(name)} judged at its own scale: atol {own['atol']:.2e} (magnitude "
+                      f"{(own.get('magnitude') or 0):.2e}, case '{escape(own.get('case') or '')}')", markup=True)
+        for name, why in (val.get("cannot_tell") or {}).items():
+            err.print(f"  [yellow]output {escape(name)} cannot tell[/]: PyTorch's is {escape(why)}", markup=True)
         _print_samples(val.get("samples"))
         for b in val.get("branches") or []:
             seen = b.get("sides") or {f"{k} iterations": v for k, v in (b.get("trip_counts") or {}).items()}

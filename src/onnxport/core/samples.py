@@ -107,6 +107,26 @@ def _edge_ints(t: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
     return t
 
 
+SWEEP_MAX = 16  # a dim with at most this many sizes is proven at every one of them (the others at min/max/odd/export)
+
+
+def sweep_cases(dims: dict[str, Dim], cases: list[Case], limit: int = SWEEP_MAX) -> list[Case]:
+    """For each dim with at most ``limit`` allowed sizes, a case at each size no case of ``cases`` has (the other
+    dims at their minimum, so each costs little): a model wrong at batch 7 alone is caught where batch is 1..16.
+    A longer range is proven at its min, max, odd and export sizes (and each max alone)."""
+    out: list[Case] = []
+    for s, dim in dims.items():
+        allowed = sorted(dim.sizes) if dim.sizes is not None else range(dim.min, dim.max + 1)
+        if len(allowed) > limit:
+            continue
+        covered = {c.sizes.get(s) for c in cases + out}
+        base = {o: dims[o].min for o in dims}
+        for n in allowed:
+            if n not in covered:
+                out.append(Case(f"{s}={n}", {**base, s: n}, "random", 100 + len(cases) + len(out)))
+    return out
+
+
 def validation_cases(dims: dict[str, Dim], max_cases: int = 8) -> list[Case]:
     """The parity matrix: export size, all-min, all-max, small odd sizes, mixed extremes, edge values."""
     syms = list(dims)
