@@ -113,3 +113,21 @@ def test_every_size_of_a_short_range_is_proven(tmp_path):
     assert ok.returncode == 0
     dims = load_report(tmp_path / "ok")["check"]["dynamic_dims"]
     assert [d["sizes_passed"] for d in dims] == [list(range(1, 17))]
+
+
+def test_samples_that_are_all_the_same_cannot_tell(tmp_path):
+    """--samples whose every sample is the same input: PyTorch's outputs are the same for each, so the proof on
+    them proves nothing (samples-cannot-tell, exit 1); samples that differ prove as before."""
+    same = tmp_path / "same.npz"
+    np.savez(same, x=np.tile(np.linspace(-1, 1, 8, dtype=np.float32), (6, 1)))
+    r = run_cli("export", f"{FIXTURES / 'models.py'}:TinyMLP", "-i", "x:float32[batch,8]", "--samples", str(same),
+                "-o", str(tmp_path / "same"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    rep = load_report(tmp_path / "same")
+    assert "samples-cannot-tell" in {d["code"] for d in rep["diagnostics"]}
+    assert rep["validation"]["samples"]["cannot_tell"] == {"output": "the same for every sample"}
+    differ = tmp_path / "differ.npz"
+    np.savez(differ, x=np.random.default_rng(0).standard_normal((6, 8)).astype(np.float32))
+    ok = run_cli("export", f"{FIXTURES / 'models.py'}:TinyMLP", "-i", "x:float32[batch,8]", "--samples", str(differ),
+                 "-o", str(tmp_path / "differ"))
+    assert ok.returncode == 0, ok.stdout + ok.stderr

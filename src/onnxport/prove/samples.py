@@ -8,6 +8,7 @@ tolerance fails the proof like a failing case does, named by its index (and line
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,10 +69,17 @@ class SampleProof:
     failures: tuple[tuple[int, str], ...]  # (sample index, why) of every failing sample
     metrics: dict = field(default_factory=dict)  # task metrics, see agreement()
     seconds: float = 0.0
+    cannot_tell: dict = field(default_factory=dict)  # outputs the same for every sample, and why (prove/telling.py)
+    outputs: int = 0  # how many outputs were judged
+
+    @property
+    def told(self) -> bool:
+        """Whether some output's references differ between the samples (else no file could fail on them)."""
+        return not self.outputs or len(self.cannot_tell) < self.outputs
 
     @property
     def passed(self) -> bool:
-        return not self.failures
+        return not self.failures and self.told
 
     @property
     def max_abs_err(self) -> float:
@@ -80,10 +88,14 @@ class SampleProof:
     def first_failure(self) -> str | None:
         """'sample 3 (line 4): why' of the first failing sample."""
         if not self.failures:
-            return None
+            return None if self.told else f"the comparison cannot tell a right file from a wrong one ({self.why()})"
         i, why = self.failures[0]
         where = self.samples.where[i]
         return f"sample {i}" + ("" if where == f"sample {i}" else f" ({where})") + f": {why}"
+
+    def why(self) -> str:
+        """The outputs that cannot tell, in words."""
+        return "; ".join(f"PyTorch's '{n}' is {w}" for n, w in list(self.cannot_tell.items())[:4])
 
     def to_dict(self) -> dict:
         """report.json ``validation.samples``."""
@@ -93,7 +105,8 @@ class SampleProof:
                 "failing": [i for i, _ in self.failures],
                 "failures": [{"index": i, "where": self.samples.where[i], "error": why}
                              for i, why in self.failures[:SHOWN_FAILURES]],
-                "metrics": dict(self.metrics), "seconds": round(self.seconds, 3)}
+                "metrics": dict(self.metrics), "seconds": round(self.seconds, 3),
+                "cannot_tell": dict(self.cannot_tell)}
 
 
 # --------------------------------------------------------------------------- batching
@@ -259,7 +272,27 @@ def check(loaded: LoadedModel, path: str | Path, refs: SampleRefs, tolerance: To
     got = run_onnx(loaded, sess, refs)
     errors, failures = judge_rows(loaded, refs, got, tolerance)
     return SampleProof(refs.samples, refs.batch_size, tolerance, tuple(errors), tuple(failures),
-                       agreement(loaded, refs, got, tolerance), time.perf_counter() - t0)
+                       agreement(loaded, refs, got, tolerance), time.perf_counter() - t0,
+                       samples_cannot_tell(loaded, refs), len(loaded.output_names))
+
+
+def samples_cannot_tell(loaded: LoadedModel, refs: SampleRefs) -> dict[str, str]:
+    """Per output whose PyTorch rows are the same for every sample (two samples at least), why: comparing it
+    cannot tell a right file from a wrong one on these samples."""
+    digests: dict[str, set] = {n: set() for n in loaded.output_names}
+    count = 0
+    for b in refs.batches:
+        if b.outputs is None:
+            continue
+        rows = int(b.inputs[0].shape[0]) if refs.samples.batched else 1
+        for j, _ in enumerate(b.indices):
+            count += 1
+            for name, arr in zip(loaded.output_names, _row(b.outputs, j, rows)):
+                a = np.ascontiguousarray(arr)
+                digests[name].add((a.shape, a.dtype.str, hashlib.blake2b(a.tobytes(), digest_size=16).digest()))
+    if count < 2:
+        return {}
+    return {n: "the same for every sample" for n, d in digests.items() if len(d) == 1}
 
 
 def diagnostics(proof: SampleProof) -> list[Diagnostic]:
@@ -267,6 +300,9 @@ def diagnostics(proof: SampleProof) -> list[Diagnostic]:
     if proof.passed:
         return []
     s = proof.samples
+    if not proof.failures:
+        return [error("samples-cannot-tell", f"the samples of {s.file} cannot tell a right file from a wrong one: "
+                      f"{proof.why()}", hint="give samples that differ in what the model sees, or trained weights")]
     return [error("samples-failed",
                   f"{len(proof.failures)} of {s.count} samples of {s.file} differ between PyTorch and ONNX Runtime "
                   f"(atol {proof.tolerance.atol:g}, rtol {proof.tolerance.rtol:g}); first: {proof.first_failure()}",
