@@ -136,3 +136,22 @@ def test_a_best_that_fails_the_case_left_to_it_is_not_chosen(tmp_path, monkeypat
     assert seen == [("int8", ["max"])]
     v = {e.name: e for e in res.variants}
     assert v["int8"].passed is False and "max" in v["int8"].reason and res.best.name == "export"
+
+
+def test_the_not_built_line_says_each_reason(capsys, tmp_path):
+    """The terminal lists each left-out variant with its rule or the CPU feature that rules it out."""
+    from onnxport.cli.render import _print_variants
+
+    rep = {"variants": [
+        {"name": "export", "passed": True, "latency_ms": {"1": 1.0}, "nodes": 3, "bytes": 10, "max_abs_err": 0.0,
+         "metric": None},
+        {"name": "slim", "passed": False, "skipped": "not built by default: same rewrites (--variants all builds it)",
+         "skip_reason": "not-planned", "latency_ms": {}},
+        {"name": "ort", "passed": False, "skipped": "not built by default: same rewrites (--variants all builds it)",
+         "skip_reason": "not-planned", "latency_ms": {}},
+        {"name": "openvino-int8", "passed": False, "skip_reason": "not-planned", "latency_ms": {},
+         "skipped": "not built by default: this CPU has no int8 dot-product instructions (no AVX-512 VNNI) "
+                    "(--variants openvino-int8 builds it)"}]}
+    _print_variants(rep, tmp_path)
+    err = capsys.readouterr().err
+    assert "slim, ort: same rewrites" in err and "openvino-int8: this CPU has no int8 dot-product" in err

@@ -3,6 +3,7 @@ to --json)."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -173,8 +174,14 @@ def _print_variants(rep: dict, out: Path) -> None:
             t.add_row(*(row[:5] + [_sample_metric(v)] + row[5:] if on_samples else row))
         err.print(t)
     if not_built:
-        err.print(f"  not built {', '.join(not_built)} (they cannot win for this model here: report.json says why; "
-                  "--variants all builds them)")
+        why: dict[str, list[str]] = {}
+        for v in entries:
+            if v["name"] in not_built:
+                text = re.sub(r"^not built( by default)?: ", "", v.get("skipped") or "")
+                why.setdefault(re.sub(r" \(--variants [^)]*\)$", "", text), []).append(v["name"])
+        err.print(f"  not built {', '.join(not_built)} (--variants all builds them; report.json says why):")
+        for text, names in why.items():
+            err.print(f"            {escape(', '.join(names))}: {escape(text)}", markup=True)
 
 
 def _variant_row(rep: dict, v: dict, batches: list[str]) -> list:
