@@ -660,7 +660,10 @@ def summarize(rows: list[dict]) -> dict:
     yes = sum(r["onnxport"].get("exit") == 0 for r in rows)
     any_plain = sum(bool(r["legacy"].get("correct") or r["dynamo"].get("correct")) for r in rows)
     silent = sum(r["onnxport"].get("exit") == 0 and r["onnxport"].get("check", {}).get("ok") is False for r in rows)
-    return {"models": m, "onnxport_yes": yes, "any_plain_correct": any_plain, "silent_failures": silent}
+    # said, not proven: PyTorch's own outputs could not tell a right file from a wrong one (random weights)
+    said = sum((r["onnxport"].get("error") or {}).get("code") == "cannot-tell" for r in rows)
+    return {"models": m, "onnxport_yes": yes, "any_plain_correct": any_plain, "silent_failures": silent,
+            "cannot_tell": said}
 
 
 def print_table(rows: list[dict]) -> None:
@@ -674,7 +677,8 @@ def print_table(rows: list[dict]) -> None:
     s = summarize(rows)
     print(f"\nonnxport yes {s['onnxport_yes']}/{s['models']}, any-plain-exporter-correct "
           f"{s['any_plain_correct']}/{s['models']}, silent failures (onnxport exit 0 but independent check fails) "
-          f"{s['silent_failures']}")
+          f"{s['silent_failures']}, said cannot tell (references that cannot tell a right file from a wrong one) "
+          f"{s['cannot_tell']}")
     for r in rows:
         o = r["onnxport"]
         if o.get("exit") != 0 and o.get("error"):

@@ -60,8 +60,15 @@ def test_the_top_k_cut_among_tied_scores_is_borderline():
 
 
 def test_degenerate_and_empty_sets():
+    from onnxport.core.samples import Case
+    from onnxport.prove.telling import cannot_tell, summary
+
     empty = dets(np.zeros((0, 4)), [], [])
+    # the two sets match (nothing is unmatched), but a case with no detection cannot tell a right file from a
+    # wrong one: it is said, never counted as proof (prove/telling.py; tests/prove/test_telling.py)
     assert cmp.match_detections(empty, empty, FP32, PARAMS).passed
+    seen = [{"boxes": summary("boxes", np.zeros((0, 4), np.float32), "detections")}] * 2
+    assert cannot_tell([Case("a", {"h": 1}), Case("b", {"h": 2}, seed=1)], seen) == {"boxes": "no detection in every case"}
     assert not cmp.match_detections(REF, empty, FP32, PARAMS).passed
     # two zero-area boxes (a random-weight head's collapsed boxes) are the same box when their corners agree
     assert cmp.box_iou(np.array([[0, 5, 10, 5]]), np.array([[0, 5, 10, 5]])).tolist() == [[1.0]]
