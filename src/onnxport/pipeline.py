@@ -500,7 +500,7 @@ def _check_and_compare(run: Run, diags: list[Diagnostic], localize_failure: bool
     run.progress("proving parity with PyTorch")
     t = time.perf_counter()
     cases = validation_cases(loaded.dims)
-    cases += sweep_cases(loaded.dims, cases)  # every size of a short range (batch 1..16)
+    sweep = sweep_cases(loaded.dims, cases)  # every size of a short range (batch 1..16), while cheap
     diags.extend(diagnose.runtime_traps(loaded, cases[0]))
     extra, sites = branches.cover(loaded, result.path, cases, result.guards)
     cases += extra
@@ -508,9 +508,10 @@ def _check_and_compare(run: Run, diags: list[Diagnostic], localize_failure: bool
     diags.extend(diagnose.placement(placed, result))
     loaded = runtime.loaded_on_device(loaded, run.device)
     with _strict_on_gpu(run.device):  # fp32 proven as fp32: TF32 off on both sides (onnxruntime's in GpuOptions)
+        t_refs = time.perf_counter()
         refs = references(loaded, cases)
         parity = compare(loaded, result.path, cases=cases, tolerance=tolerance, dim_checks=checked.dynamic_dims,
-                         sess=sess, refs=refs)
+                         sess=sess, refs=refs, sweep=sweep, spent_before=time.perf_counter() - t_refs)
     del sess
     diags.extend(diagnose.unreached_branches(sites, loaded))
     timings["parity"] = time.perf_counter() - t

@@ -27,10 +27,13 @@ from onnxport.sources.base import LoadedModel
 
 def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | None = None,
             tolerance: Tolerance = FP32, dim_checks: tuple[DimCheck, ...] = (), sess=None,
-            refs: Refs | None = None) -> ParityResult:
+            refs: Refs | None = None, sweep: Sequence[Case] = (), spent_before: float = 0.0) -> ParityResult:
     """Run PyTorch and ONNX Runtime on every case and compare all outputs with ``tolerance``. ``refs``: PyTorch's
     inputs and outputs already computed for some of the cases (every variant is judged against the same ones), so
-    PyTorch runs only on the cases they lack."""
+    PyTorch runs only on the cases they lack. ``sweep``: more cases (every size of a short range,
+    :func:`~onnxport.core.samples.sweep_cases`) run after the others while they stay cheap: at most
+    :data:`SWEEP_SHARE` of the time the others took (``spent_before``: the seconds ``refs`` took to compute), and
+    at least :data:`SWEEP_MIN_S`."""
     cases = cases if cases is not None else validation_cases(loaded.dims)
     known = {} if refs is None else refs.known()
     if sess is None:
@@ -54,6 +57,15 @@ def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | N
     seen: list[dict[str, Seen] | None] = []
     results = [_run_case(loaded, sess, feed, case, tolerance, onnx_outputs, by_name, known.get(case_key(case)),
                          seen) for case in cases]
+    spent = spent_before + sum(r.seconds for r in results)
+    t_sweep = time.perf_counter()
+    cases = list(cases)
+    for case in sweep:
+        if time.perf_counter() - t_sweep > max(SWEEP_MIN_S, SWEEP_SHARE * spent):
+            break  # no longer cheap: the sizes left are not claimed (sizes_passed lists those proven)
+        results.append(_run_case(loaded, sess, feed, case, tolerance, onnx_outputs, by_name,
+                                 known.get(case_key(case)), seen))
+        cases.append(case)
     results = [replace(r, sizes=dict(c.sizes)) for c, r in zip(cases, results)]
     silent = cannot_tell(cases, seen)
     checks = _prove_dims(loaded, dim_checks, cases, results, telling_cases(seen, silent))
@@ -88,6 +100,10 @@ def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | N
                 hint="the export probably baked this size into a Reshape or Expand; see the failing cases",
             ))
     return ParityResult(passed, tolerance, tuple(results), checks, tuple(diags), cannot_tell=silent)
+
+
+SWEEP_SHARE = 0.5  # the sweep of short ranges may take half the time the matrix took
+SWEEP_MIN_S = 2.0  # ... and at least this many seconds
 
 
 def _silent_note(silent: dict[str, str], told: bool) -> list[Diagnostic]:
