@@ -154,7 +154,8 @@ def test_yes_rate(tmp_path):
     proc = bench("yes_rate.py", "--only", "pattern_scatter_add", "--out", str(out))
     assert f"wrote {out}" in proc.stdout
     data = json.loads(out.read_text())
-    assert data["summary"] == {"models": 1, "onnxport_yes": 1, "any_plain_correct": 1, "silent_failures": 0}
+    assert data["summary"] == {"models": 1, "onnxport_yes": 1, "any_plain_correct": 1, "silent_failures": 0,
+                               "cannot_tell": 0}
     (row,) = data["models"]
     assert row["model"] == "pattern_scatter_add" and row["onnxport"]["status"] == "ok"
     assert row["onnxport"]["check"]["ok"] is True
@@ -164,3 +165,11 @@ def test_serve_json():
     proc = bench("serve_json.py", "--mb", "1", "--bodies", "2")
     assert re.search(r"^ orjson: worst health latency +[\d.]+ ms", proc.stdout, re.M)
     assert re.search(r"^ratio json / orjson: health [\d.]+x, answers [\d.]+x$", proc.stdout, re.M)
+
+
+def test_first_hour(tmp_path):
+    out = tmp_path / "fh.json"
+    proc = bench("first_hour.py", "--smoke", "--out", str(out))
+    assert re.search(r"^tiny_mlp +exit 0 +[\d.]+ s +best ", proc.stdout, re.M)
+    got = json.loads(out.read_text())
+    assert got["models"][0]["status"] == "ok" and "flags" in got["cpu"] and got["command"].endswith("--out " + str(out))
