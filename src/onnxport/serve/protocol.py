@@ -249,6 +249,25 @@ def _requested_outputs(header: dict, params: dict, sig: Signature) -> tuple[tupl
     return tuple(chosen), frozenset(binary)
 
 
+ORJSON_DTYPES = frozenset("?bBhHiIlLqQefd")  # numpy kinds orjson writes itself (bool, ints, float16/32/64)
+
+
+def dumps(body: dict) -> bytes:
+    """A response body as JSON, tensors' ``data`` given as numpy arrays: by orjson straight from the arrays
+    (a 48 MB answer in a fraction of the json module's time, so the event loop is not held), by the json module
+    where an array holds NaN or Infinity (orjson would write null; the protocol's JSON keeps them) or a dtype
+    orjson does not write."""
+    arrays = [t["data"] for t in body.get("outputs", ()) if isinstance(t.get("data"), np.ndarray)]
+    if all(a.dtype.char in ORJSON_DTYPES and (a.dtype.kind != "f" or bool(np.isfinite(a).all())) for a in arrays):
+        try:
+            return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+        except TypeError:
+            pass
+    plain = {**body, "outputs": [{**t, "data": t["data"].tolist()} if isinstance(t.get("data"), np.ndarray) else t
+                                 for t in body.get("outputs", ())]}
+    return json.dumps(plain, separators=(",", ":"), allow_nan=True).encode()
+
+
 def encode(model: str, version: str, request: InferRequest, outputs: dict[str, np.ndarray],
            sig: Signature) -> tuple[bytes, int | None]:
     """The response body and, when it carries binary tensors, the length of its JSON header."""
@@ -262,12 +281,12 @@ def encode(model: str, version: str, request: InferRequest, outputs: dict[str, n
             tensor["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         else:
-            tensor["data"] = array.ravel().tolist()
+            tensor["data"] = array.ravel()
         tensors.append(tensor)
     body: dict = {"model_name": model, "model_version": version, "outputs": tensors}
     if request.id is not None:
         body["id"] = request.id
-    head = json.dumps(body, separators=(",", ":"), allow_nan=True).encode()
+    head = dumps(body)
     if not chunks:
         return head, None
     return head + b"".join(chunks), len(head)
