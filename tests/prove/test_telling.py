@@ -131,3 +131,14 @@ def test_samples_that_are_all_the_same_cannot_tell(tmp_path):
     ok = run_cli("export", f"{FIXTURES / 'models.py'}:TinyMLP", "-i", "x:float32[batch,8]", "--samples", str(differ),
                  "-o", str(tmp_path / "differ"))
     assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
+def test_tied_scores_silence_the_whole_detection_group():
+    """ssdlite with random weights: 300 boxes, every score 0.011: which boxes are kept is undefined."""
+    cases = [Case("export", {"h": 320}), Case("min", {"h": 160}, seed=2)]
+    rng = np.random.default_rng(0)
+    seen = [{"boxes": summary("boxes", rng.random((300, 4)).astype(np.float32), "detections"),
+             "scores": summary("scores", np.full(300, 0.011, np.float32), "detections"),
+             "labels": summary("labels", rng.integers(1, 90, 300), "detections")} for _ in cases]
+    silent = cannot_tell(cases, seen)
+    assert set(silent) == {"boxes", "scores", "labels"} and telling_cases(seen, silent) == [False, False]

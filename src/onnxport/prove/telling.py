@@ -17,6 +17,7 @@ can tell proves no dim.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -61,10 +62,22 @@ def summary(name: str, ref: np.ndarray, kind: str) -> Seen:
     return Seen(digest, tuple(arr.shape), constant, silent)
 
 
+def _grouped(s: Mapping[str, Seen] | None) -> Mapping[str, Seen] | None:
+    """``s`` where a detection group's scores are tied: its boxes, labels, masks... cannot tell either (which
+    boxes are kept, and in what order, is undefined when every score is the same)."""
+    if not s:
+        return s
+    tied = [n[:-len("scores")] for n, x in s.items() if n.endswith("scores") and x.silent and "tied" in x.silent]
+    if not tied:
+        return s
+    return {n: (dataclasses.replace(x, silent="scores tied") if x.silent is None and any(n.startswith(p) for p in tied)
+                else x) for n, x in s.items()}
+
+
 def cannot_tell(cases: Sequence[Case], seen: Sequence[Mapping[str, Seen] | None]) -> dict[str, str]:
     """Per output that cannot tell a right file from a wrong one in any case, why (see the module docstring).
     ``seen[i]``: the summaries of case ``i`` (None where PyTorch failed)."""
-    runs = [(c, s) for c, s in zip(cases, seen) if s]
+    runs = [(c, _grouped(s)) for c, s in zip(cases, seen) if s]
     if not runs:
         return {}
     names = list(runs[0][1])
@@ -74,7 +87,7 @@ def cannot_tell(cases: Sequence[Case], seen: Sequence[Mapping[str, Seen] | None]
         if not per:
             continue
         if all(x.silent for _, x in per):
-            kinds = sorted({x.silent.split(" at ")[0] for _, x in per})
+            kinds = sorted({x.silent.split(" at ")[0].replace("every score tied", "scores tied") for _, x in per})
             out[name] = f"{' or '.join(kinds)} in every case"
             continue
         values = {x.constant for _, x in per}
@@ -94,4 +107,4 @@ def cannot_tell(cases: Sequence[Case], seen: Sequence[Mapping[str, Seen] | None]
 
 def telling_cases(seen: Sequence[Mapping[str, Seen] | None], silent: Mapping[str, str]) -> list[bool]:
     """Per case, whether some output can tell there (not silent overall, nor empty or tied in that case)."""
-    return [bool(s) and any(n not in silent and x.silent is None for n, x in s.items()) for s in seen]
+    return [bool(s) and any(n not in silent and x.silent is None for n, x in _grouped(s).items()) for s in seen]
