@@ -19,6 +19,7 @@ import numpy as np
 
 from onnxport import environment
 from onnxport.runtime.backends import default_threads
+from onnxport.runtime.openvino import bf16_missing
 
 
 def cache_dir() -> Path:
@@ -36,7 +37,6 @@ def peak_key(threads: int) -> str:
 
 PEAK_SIZE = 1024  # the square GEMM the CPU peak is measured on: ~2 GFLOP, under a second on any 2-core CPU
 PEAK_REPEATS = 3
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # native bf16 arithmetic: elsewhere bf16 is converted, never a peak
 PEAK_SECONDS_MAX = 1.0  # a precision whose single GEMM takes longer is not timed further (no native kernel)
 
 
@@ -91,7 +91,7 @@ def measure_gemm(threads: int, size: int = PEAK_SIZE, repeats: int = PEAK_REPEAT
     results = {"torch.mm": work / torch_s / 1e9, "onnxruntime MatMul": work / ort_s / 1e9}
     method = max(results, key=results.__getitem__)
     flags = environment.cpu()["flags"] if cpu_flags is None else cpu_flags
-    native_bf16 = any(f in flags for f in BF16_FLAGS)
+    native_bf16 = bf16_missing(flags) is None  # elsewhere bf16 is converted: no peak of its own
     by_precision: dict[str, float | None] = {
         "fp32": round(results[method], 2), "int8": round(measure_int8_gemm(threads, size, repeats), 2),
         "bf16": round(measure_bf16_gemm(threads, size, repeats), 2) if native_bf16 else None}
@@ -287,7 +287,7 @@ def backend_precision(backend: str, cpu_flags: Sequence[str] | None = None) -> s
         return "bf16"
     if name == "openvino":  # OpenVINO's defaults: bf16 inference precision where the CPU has native bf16
         flags = environment.cpu()["flags"] if cpu_flags is None else cpu_flags
-        return "bf16" if any(f in flags for f in ("avx512_bf16", "amx_bf16")) else "fp32"
+        return "bf16" if bf16_missing(flags) is None else "fp32"
     if "fp16" in name or "tensorrt" in name:
         return "fp16"
     return "tf32" if "tf32" in name else "fp32"
