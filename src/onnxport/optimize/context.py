@@ -8,6 +8,7 @@ it reads are :class:`onnxport.prove.references.Refs` (re-exported here).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,14 @@ class BuildContext:
     passed: Mapping[str, Path] = field(default_factory=dict)  # the files proven so far (cuda-graph picks one)
     fastest: Callable[[dict[str, Path]], str] | None = None  # the fastest of some files (a short timing)
     thorough: bool = False  # the user asked for variants by name or "all": every setting is tried, not the CPU's
+
+    def spent(self) -> bool:
+        """Whether --budget (the default plan's or the user's) is spent: no further build or search step starts."""
+        return self.deadline is not None and time.perf_counter() > self.deadline
+
+    def seconds_left(self, cap: float) -> float:
+        """Seconds a search step may take: ``cap``, less where --budget ends sooner (at least 1)."""
+        return cap if self.deadline is None else max(1.0, min(cap, self.deadline - time.perf_counter()))
 
     @property
     def judged(self) -> Refs | None:

@@ -108,16 +108,6 @@ def _margin(loaded: LoadedModel, refs: Refs, sess) -> float:
     return round(metric_margin(task_metrics(loaded, refs, sess)), 5)
 
 
-def _spent(ctx: BuildContext) -> bool:
-    """Whether --budget (the default plan's or the user's) is spent: no further search step starts."""
-    return ctx.deadline is not None and time.perf_counter() > ctx.deadline
-
-
-def _left(ctx: BuildContext) -> float:
-    """Seconds a search round may take (:data:`SEARCH_S`, less where --budget ends sooner)."""
-    return SEARCH_S if ctx.deadline is None else max(1.0, min(SEARCH_S, ctx.deadline - time.perf_counter()))
-
-
 def quantize_searched(src: Path, dst: Path, ctx: BuildContext, opener) -> tuple[dict, Proof | None, float]:
     """``openvino-int8`` into ``dst``: NNCF int8 with SmoothQuant on and off (the better task metric kept), then,
     while the metric fails on OpenVINO (``opener``: how the variant's session is opened), the search for the
@@ -141,7 +131,7 @@ def quantize_searched(src: Path, dst: Path, ctx: BuildContext, opener) -> tuple[
     with tempfile.TemporaryDirectory(prefix="onnxport-nncf-") as tmp:
         margins: dict[str, float] = {}
         for sq in (True, False) if transformer else (False,):
-            if margins and _spent(ctx):
+            if margins and ctx.spent():
                 details["smooth_quant_off"] = "not tried: the --budget was spent"
                 break
             ctx.progress(f"variant openvino-int8: NNCF calibration on {len(feeds)} inputs"
@@ -167,14 +157,14 @@ def quantize_searched(src: Path, dst: Path, ctx: BuildContext, opener) -> tuple[
         kept: tuple[str, ...] = ()
         failing = failing_cases(loaded, judged, opener(dst))
         rounds = evaluations = of = 0
-        if failing and _spent(ctx):
+        if failing and ctx.spent():
             details["search"] = "not run: the --budget was spent"
-        while failing and rounds < MAX_ROUNDS and not _spent(ctx):  # --budget
+        while failing and rounds < MAX_ROUNDS and not ctx.spent():  # --budget
             rounds += 1
             ctx.progress(f"variant openvino-int8: searching which nodes to leave out of int8 (round {rounds}, "
                          f"{len(failing)} case(s))")
             found = int8_search(loaded, plain, worst_rows(loaded, judged, failing, opener(dst)), start=kept,
-                                min_steps=int(rounds > 1), budget_s=_left(ctx), rewrite=qdq_switch_model,
+                                min_steps=int(rounds > 1), budget_s=ctx.seconds_left(SEARCH_S), rewrite=qdq_switch_model,
                                 opt_level="basic")
             evaluations += found.evaluations
             of = found.candidates

@@ -283,12 +283,12 @@ def _search_rounds(name: str, src: Path, dst: Path, ctx: BuildContext, refs: Ref
     kept: tuple[str, ...] = ()
     search = None
     rounds = evaluations = 0
-    while failing and rounds < MAX_ROUNDS and (ctx.deadline is None or time.perf_counter() < ctx.deadline):  # --budget
+    while failing and rounds < MAX_ROUNDS and not ctx.spent():  # --budget
         rounds += 1
         ctx.progress(f"variant {name}: searching which nodes to keep in fp32 (round {rounds}, "
                      f"{len(failing)} case(s))")
         # after round 1 the simulation said "passes" where the real kernels did not: one more node at least
-        left = 60.0 if ctx.deadline is None else max(1.0, min(60.0, ctx.deadline - time.perf_counter()))
+        left = ctx.seconds_left(60.0)
         search = int8_search(loaded, src, worst_rows(loaded, refs, failing, session(dst)), start=kept,
                              min_steps=int(rounds > 1), reduce_range=details["reduce_range"], budget_s=left)
         evaluations += search.evaluations
