@@ -21,7 +21,6 @@ elementwise policies still hold on them. The generated cases' metric stays in th
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from onnxport.prove import localize
 from onnxport.prove import samples as proving_samples
 from onnxport.prove.compare import mean_pool, row_cosines, task_kind
 from onnxport.prove.parity import compare
-from onnxport.prove.references import Refs
+from onnxport.prove.references import Refs, fingerprint
 from onnxport.prove.samples import SampleRefs
 from onnxport.runtime.feeds import FeedMap
 from onnxport.runtime.sessions import session
@@ -200,10 +199,8 @@ class Remembered:
         if output_names is not None or args or kw:
             return self._sess.run(output_names, feed, *args, **kw)
         try:
-            key = tuple((k, v.dtype.str, v.shape, hashlib.blake2b(np.ascontiguousarray(v).view(np.uint8).data,
-                                                                   digest_size=16).digest())
-                        for k, v in sorted(feed.items()) for v in [np.asarray(v)])
-        except (TypeError, ValueError):  # an input numpy cannot view as bytes: run it every time
+            key = tuple((k, fingerprint(np.asarray(v))) for k, v in sorted(feed.items()))
+        except TypeError:  # an object array: run it every time
             return self._sess.run(None, feed)
         if key not in self._seen:
             self._seen[key] = self._sess.run(None, feed)

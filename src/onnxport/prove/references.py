@@ -9,6 +9,7 @@ raised). The plain path's :class:`Refs` of a case matrix (:func:`references`), t
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -80,6 +81,17 @@ class Refs:
     def known(self) -> dict[tuple, tuple[tuple, list[np.ndarray]]]:
         """(inputs, outputs) by :func:`case_key` of every case PyTorch ran on."""
         return {case_key(c): (i, o) for c, i, o in zip(self.cases, self.inputs, self.outputs) if o is not None}
+
+
+def fingerprint(array: np.ndarray) -> str:
+    """A digest of an array's shape, dtype and bytes: equal arrays, equal fingerprints (TypeError for an object
+    array, whose bytes are pointers)."""
+    a = np.ascontiguousarray(array)
+    if a.dtype == object:
+        raise TypeError("an object array has no fingerprint")
+    h = hashlib.blake2b(repr((a.shape, a.dtype.str)).encode(), digest_size=16)
+    h.update(a.reshape(-1).view(np.uint8).data)  # no copy of the bytes
+    return h.hexdigest()
 
 
 def case_key(case: Case) -> tuple:

@@ -8,7 +8,6 @@ tolerance fails the proof like a failing case does, named by its index (and line
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ from onnxport.core.records import FP32, Tolerance, finite
 from onnxport.core.samples import Case
 from onnxport.prove.compare import cosine_agreement, judge, mean_pool, row_cosines, task_kind, topk_agreement
 from onnxport.prove.parity import short_ort_error
-from onnxport.prove.references import Refs, run_each
+from onnxport.prove.references import Refs, fingerprint, run_each
 from onnxport.runtime.feeds import FeedMap
 from onnxport.runtime.sessions import session
 from onnxport.sources.base import LoadedModel
@@ -288,8 +287,7 @@ def samples_cannot_tell(loaded: LoadedModel, refs: SampleRefs) -> dict[str, str]
         for j, _ in enumerate(b.indices):
             count += 1
             for name, arr in zip(loaded.output_names, _row(b.outputs, j, rows)):
-                a = np.ascontiguousarray(arr)
-                digests[name].add((a.shape, a.dtype.str, hashlib.blake2b(a.tobytes(), digest_size=16).digest()))
+                digests[name].add(fingerprint(arr))
     if count < 2:
         return {}
     return {n: "the same for every sample" for n, d in digests.items() if len(d) == 1}

@@ -18,15 +18,15 @@ can tell proves no dim.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from onnxport.core.samples import Case
-from onnxport.prove.references import case_key
+from onnxport.prove.references import case_key, fingerprint
 
+EMPTY, TIED = "no detection", "scores tied"  # why one case of a detection output cannot tell
 HINT = ("use trained weights, or --samples with real inputs; --compare NAME=KIND for an output judged otherwise "
         "(e.g. its task metric)")
 
@@ -38,13 +38,13 @@ class Seen:
     digest: str  # shape, dtype and bytes
     shape: tuple[int, ...]
     constant: float | None  # the one value every element holds (None: several values, or none)
-    silent: str | None  # why this case alone cannot tell (empty / tied detections), None: it can
+    silent: str | None  # why this case alone cannot tell (EMPTY or TIED), None: it can
 
 
 def summary(name: str, ref: np.ndarray, kind: str) -> Seen:
     """What PyTorch returned for output ``name`` (judged by rule ``kind``) in one case."""
     arr = np.ascontiguousarray(ref)
-    digest = hashlib.blake2b(repr((arr.shape, arr.dtype.str)).encode() + arr.tobytes(), digest_size=16).hexdigest()
+    digest = fingerprint(arr)
     constant = None
     if arr.size and arr.dtype != object:
         flat = arr.reshape(-1)
@@ -56,9 +56,9 @@ def summary(name: str, ref: np.ndarray, kind: str) -> Seen:
     silent = None
     if kind == "detections":
         if arr.ndim >= 1 and arr.shape[0] == 0:
-            silent = "no detection"
+            silent = EMPTY
         elif name.endswith("scores") and arr.size > 1 and constant is not None:
-            silent = f"every score tied at {constant:.3g}"
+            silent = TIED
     return Seen(digest, tuple(arr.shape), constant, silent)
 
 
@@ -67,10 +67,10 @@ def _grouped(s: Mapping[str, Seen] | None) -> Mapping[str, Seen] | None:
     boxes are kept, and in what order, is undefined when every score is the same)."""
     if not s:
         return s
-    tied = [n[:-len("scores")] for n, x in s.items() if n.endswith("scores") and x.silent and "tied" in x.silent]
+    tied = [n[:-len("scores")] for n, x in s.items() if n.endswith("scores") and x.silent == TIED]
     if not tied:
         return s
-    return {n: (dataclasses.replace(x, silent="scores tied") if x.silent is None and any(n.startswith(p) for p in tied)
+    return {n: (dataclasses.replace(x, silent=TIED) if x.silent is None and any(n.startswith(p) for p in tied)
                 else x) for n, x in s.items()}
 
 
@@ -87,7 +87,7 @@ def cannot_tell(cases: Sequence[Case], seen: Sequence[Mapping[str, Seen] | None]
         if not per:
             continue
         if all(x.silent for _, x in per):
-            kinds = sorted({x.silent.split(" at ")[0].replace("every score tied", "scores tied") for _, x in per})
+            kinds = sorted({x.silent for _, x in per})
             out[name] = f"{' or '.join(kinds)} in every case"
             continue
         values = {x.constant for _, x in per}
