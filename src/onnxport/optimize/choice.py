@@ -409,8 +409,10 @@ def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path, *
     say("timing the variants against the plain export")
     timed = {e.name: files[e.name] for e in entries if e.name in files}
     final, best = _confirm(_timed(entries, *_latencies(timed, timing), timing.first_key), timed, timing, say)
+    left_refs: Refs | None = None  # PyTorch on the cases left to the best, once however many bests fail there
     while left_out and best is not None and best.name != BASELINE:
-        failed = _left_out_failure(best, timed[best.name], reference_outputs(loaded, left_out, known), ctx)
+        left_refs = left_refs or reference_outputs(loaded, left_out, known)
+        failed = _left_out_failure(best, timed[best.name], left_refs, ctx)
         if failed is None:
             break
         final = [failed if v.name == best.name else v for v in final]
