@@ -11,6 +11,7 @@ from pathlib import Path
 
 from onnxport.core.errors import UsageError
 from onnxport.core.onnxfile import external_data_files
+from onnxport.decoder.processors import PROCESSORS_FILE
 from onnxport.seq2seq.records import FEATURE_EXTRACTOR_FILE, FILES, WITH_PAST_FILE
 from onnxport.serve.models import (
     DEFAULT_MAX_BATCH,
@@ -189,7 +190,8 @@ def _seq2seq_layout(out: Path) -> dict:
 def _seq2seq_repository(out: Path, with_past: Path, name: str, model_dir: Path, instance_count: int, gpu: bool,
                         threads: int | None) -> TritonRepository:
     """An encoder-decoder's Triton entry: the python backend's ``1/model.py`` (the greedy loop with onnxruntime,
-    :mod:`onnxport.serve.triton_model`) beside its three files (the best variant's when convert chose one),
+    :mod:`onnxport.serve.triton_model`, and ``1/greedy_processors.py``, the generation config's rules from
+    :mod:`onnxport.decoder.processors`) beside its three files (the best variant's when convert chose one),
     ``1/seq2seq.json`` (the layout), the tokenizer and feature extractor, ``config.pbtxt`` and the manifest."""
     if gpu:
         raise UsageError("--gpu does not apply to an encoder-decoder: its python-backend model.py runs onnxruntime "
@@ -202,6 +204,8 @@ def _seq2seq_repository(out: Path, with_past: Path, name: str, model_dir: Path, 
             _copy_onnx(with_past.parent / file, tmp / "1" / file)
         (tmp / "1" / "model.py").write_text(resources.files("onnxport.serve").joinpath("triton_model.py")
                                             .read_text(encoding="utf-8"), encoding="utf-8")
+        (tmp / "1" / PROCESSORS_FILE).write_text(resources.files("onnxport.decoder").joinpath("processors.py")
+                                                 .read_text(encoding="utf-8"), encoding="utf-8")
         (tmp / "1" / SEQ2SEQ_LAYOUT_FILE).write_text(json.dumps(layout, indent=2) + "\n", encoding="utf-8")
         if (out / "tokenizer").is_dir():  # serve REPO's generate takes text with it
             shutil.copytree(out / "tokenizer", tmp / "1" / "tokenizer")
