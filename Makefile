@@ -36,4 +36,4 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache --no-logo
 
 clean:
-	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache build *.egg-info src/*.egg-info .triton

@@ -23,6 +23,7 @@ from onnxport.serve.models import (
 )
 from onnxport.serve.models import signature as read_signature
 from onnxport.serve.triton import config_pbtxt, model_config, seq2seq_config_pbtxt, seq2seq_model_config
+from onnxport.serve.triton_env import ModelEnvironment, check, model_environment
 
 
 def _dns_name(name: str) -> str:
@@ -69,12 +70,18 @@ class TritonRepository:
     manifest_path: Path
     max_batch_size: int
     files: tuple[Path, ...]
+    environment: ModelEnvironment | None = None  # a python-backend model's: the versions its environment needs
+    warnings: tuple[str, ...] = ()  # why that environment cannot work (triton_env.check)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "repo_dir": str(self.repo_dir), "model_dir": str(self.model_dir),
-                "config": str(self.config_path), "model": str(self.model_path),
-                "manifest": str(self.manifest_path), "max_batch_size": self.max_batch_size,
-                "files": [str(f) for f in self.files]}
+        out = {"name": self.name, "repo_dir": str(self.repo_dir), "model_dir": str(self.model_dir),
+               "config": str(self.config_path), "model": str(self.model_path),
+               "manifest": str(self.manifest_path), "max_batch_size": self.max_batch_size,
+               "files": [str(f) for f in self.files]}
+        if self.environment is not None:
+            out["requirements"] = self.environment.requirements()
+            out["warnings"] = list(self.warnings)
+        return out
 
 
 def _read_out(path: Path) -> tuple[Path, str, dict, dict[str, int], dict]:
@@ -192,7 +199,8 @@ def _seq2seq_repository(out: Path, with_past: Path, name: str, model_dir: Path, 
     """An encoder-decoder's Triton entry: the python backend's ``1/model.py`` (the greedy loop with onnxruntime,
     :mod:`onnxport.serve.triton_model`, and ``1/greedy_processors.py``, the generation config's rules from
     :mod:`onnxport.decoder.processors`) beside its three files (the best variant's when convert chose one),
-    ``1/seq2seq.json`` (the layout), the tokenizer and feature extractor, ``config.pbtxt`` and the manifest."""
+    ``1/seq2seq.json`` (the layout), the tokenizer and feature extractor, ``config.pbtxt`` (with what the model's
+    Python environment needs: :mod:`onnxport.serve.triton_env`) and the manifest."""
     if gpu:
         raise UsageError("--gpu does not apply to an encoder-decoder: its python-backend model.py runs onnxruntime "
                          "on the CPU", "leave --gpu out (or serve it with onnxport serve OUT/)")
@@ -211,11 +219,21 @@ def _seq2seq_repository(out: Path, with_past: Path, name: str, model_dir: Path, 
             shutil.copytree(out / "tokenizer", tmp / "1" / "tokenizer")
         if (out / FEATURE_EXTRACTOR_FILE).is_file():  # ... and audio with this
             shutil.copy2(out / FEATURE_EXTRACTOR_FILE, tmp / "1" / FEATURE_EXTRACTOR_FILE)
-        (tmp / "config.pbtxt").write_text(seq2seq_config_pbtxt(config, layout), encoding="utf-8")
+        env = model_environment([tmp / "1" / file for file in FILES], read_report(out))
+        (tmp / "config.pbtxt").write_text(_with_environment(seq2seq_config_pbtxt(config, layout), env),
+                                          encoding="utf-8")
         (tmp / "inferenceservice.yaml").write_text(inference_service(name, model_format="triton"), encoding="utf-8")
         _move_in(tmp, model_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     files = tuple(sorted(p for p in model_dir.rglob("*") if p.is_file()))
     return TritonRepository(name, model_dir.parent, model_dir, model_dir / "config.pbtxt",
-                            model_dir / "1" / "model.py", model_dir / "inferenceservice.yaml", 0, files)
+                            model_dir / "1" / "model.py", model_dir / "inferenceservice.yaml", 0, files,
+                            env, tuple(check(env)))
+
+
+def _with_environment(pbtxt: str, env: ModelEnvironment) -> str:
+    """``pbtxt`` with the environment's comment lines after its leading comments."""
+    lines = pbtxt.splitlines()
+    head = next((i for i, line in enumerate(lines) if not line.startswith("#")), len(lines))
+    return "\n".join([*lines[:head], *(f"# {line}" for line in env.lines()), *lines[head:]]) + "\n"

@@ -333,7 +333,10 @@ def triton(out: Annotated[Path, typer.Argument(help="an output folder (or a .onn
     if json_out:
         print(json.dumps(res.to_dict(), indent=2, default=str))
     for key, value in res.to_dict().items():
-        err.print(f"  {key:<10}{value}")
+        if key != "warnings":
+            err.print(f"  {key:<10}{value}")
+    for warning in res.warnings:  # the versions the model's environment needs cannot work together
+        err.print(f"[yellow]warning:[/] {escape(warning)}", markup=True)
 
 
 @app.command()
