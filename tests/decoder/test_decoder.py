@@ -335,3 +335,35 @@ def test_convert_of_a_causal_lm_builds_and_judges_variants(llama_dir, tmp_path):
     assert best is not None and (out / "best.onnx").is_file() is (best != "export")
     assert any(d["code"] == "decoder-variant-best" and best in d["message"] for d in rep["diagnostics"])
     assert (out / "variants").is_dir() and "decoder-variant-best" in proc.stderr
+
+
+@pytest.mark.slow
+def test_generation_config_rules_are_proven_against_generate(tmp_path):
+    """A decoder whose generation config asks for a repetition penalty, no repeated bigrams and a minimum length:
+    the export records the rules, its proof holds, and the loop on the proven file gives ``model.generate()``'s
+    own tokens (left-padded rows, then with an end-of-sequence stop as well); a plain argmax loop does not."""
+    from onnxport.decoder.processors import PLAIN, rules_from_config
+
+    model = _tiny("gpt2").eval()
+    for key, value in dict(repetition_penalty=1.4, no_repeat_ngram_size=2, min_new_tokens=4).items():
+        setattr(model.generation_config, key, value)
+    outcome = decoder.run_model(model, tmp_path, max_length=24, new_tokens=8)
+    assert outcome.passed, json.dumps(outcome.to_dict(), indent=1)[:3000]
+    assert {"repetition_penalty", "no_repeat_ngram_size", "min_new_tokens"} <= set(outcome.layout.generation.applied)
+    assert outcome.to_dict()["layout"]["generation"]["repetition_penalty"] == 1.4
+    sess = session(outcome.path, providers=["CPUExecutionProvider"])
+    ids = torch.randint(0, 192, (2, 6), generator=torch.Generator().manual_seed(4))
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    with torch.inference_mode():
+        want = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, pad_token_id=0)[:, 6:].numpy()
+    got = decoder.greedy(sess, outcome.layout, ids.numpy(), mask.numpy(), 12)
+    np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(decoder.greedy(sess, outcome.layout, ids.numpy(), mask.numpy(), 12, PLAIN), want)
+    model.generation_config.eos_token_id = int(want[0, 5])  # row 0 ends there; row 1 is padded after its end
+    model.generation_config.pad_token_id = 0
+    rules = rules_from_config(model.generation_config, encoder_decoder=False)
+    with torch.inference_mode():
+        want = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12)[:, 6:].numpy()
+    got = decoder.greedy(sess, outcome.layout, ids.numpy(), mask.numpy(), 12, rules)
+    np.testing.assert_array_equal(got, want)
+    assert got[0, 5] == rules.eos_token_ids[0] and (got.shape[1] == 6 or got[0, 6:].tolist() == [0] * (got.shape[1] - 6))

@@ -10,10 +10,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+import torch
 import transformers
 
 from onnxport import api, seq2seq
 from onnxport.core.errors import UsageError
+from onnxport.decoder.processors import PLAIN
 from onnxport.seq2seq.feeds import encoder_inputs
 from onnxport.seq2seq.prove import reference_generate
 from tests.conftest import load_report, run_cli
@@ -68,16 +70,49 @@ def test_t5_exports_three_files_proven_by_generation_through_the_cli(t5_dir, tmp
         f"present.{i}.decoder.{kv}" for i in range(2) for kv in ("key", "value")]
 
 
+# generation configs as saved checkpoints carry them: mBART / M2M100 force the target language as the first token,
+# Whisper starts on language and task tokens and suppresses some; BART's default config forces the last token.
+CONFIGURED = {
+    "mbart": dict(forced_bos_token_id=5),
+    "m2m_100": dict(forced_bos_token_id=6, no_repeat_ngram_size=3),
+    "marian": dict(repetition_penalty=1.5, bad_words_ids=[[4], [9, 10]]),
+    "pegasus": dict(min_new_tokens=6, suppress_tokens=[11, 12]),
+    "whisper": dict(lang_to_id={"<|en|>": 50, "<|de|>": 51}, task_to_id={"transcribe": 60, "translate": 61},
+                    no_timestamps_token_id=70, language="de", task="transcribe", suppress_tokens=[7, 8],
+                    begin_suppress_tokens=[9]),
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["bart", "marian", "mbart", "pegasus", "whisper"])
+@pytest.mark.parametrize("family", ["bart", "marian", "mbart", "pegasus", "whisper", "m2m_100"])
 def test_families_are_proven_by_generation(family, tmp_path):
     model = tiny(family)
+    for key, value in CONFIGURED.get(family, {}).items():  # as generation_config.json sets them (update() would
+        setattr(model.generation_config, key, value)  # leave out the fields a fresh config does not have)
     made = seq2seq.run_model(model, tmp_path, max_length=MAX_LENGTH)
     assert made.passed, [c for c in made.proof.cases if not c.passed] + list(made.proof.generations)
     assert all(p.is_file() for p in made.paths) and made.paths[0].name == "encoder_model.onnx"
-    assert [sum(g.agreement) for g in made.proof.generations] == [32, 32]
+    assert [sum(g.agreement) for g in made.proof.generations][1] == 32  # the batch runs without the eos stop
     want = reference_generate(model, made.layout, encoder_inputs(made.layout, 3, 7, padded=True), 16)
     assert len(np.unique(want)) >= 4  # the scaled weights make greedy tokens vary
+    # the files' loop under the recorded rules gives model.generate()'s tokens with the model's own config
+    inputs = encoder_inputs(made.layout, 2, 7, padded=True, seed=11)
+    got = seq2seq.generate_greedy(seq2seq.open_sessions(tmp_path), made.layout, [t.numpy() for t in inputs], 16)
+    if family == "whisper":  # its own generate() is long-form and timestamp logic: the generic one on its prompt
+        assert made.layout.rules.decoder_prompt == (51, 60, 70) and {"suppress_tokens", "begin_suppress_tokens"} <= \
+            set(made.layout.rules.applied)
+        want = reference_generate(model, made.layout, inputs, 16, made.layout.rules)
+        assert 9 not in got[:, 0] and not np.isin(got, [7, 8]).any()
+    else:
+        with torch.inference_mode():
+            want = model.generate(input_ids=inputs[0], attention_mask=inputs[1], max_new_tokens=16)[:, 1:].numpy()
+    np.testing.assert_array_equal(got, want)
+    plain = seq2seq.generate_greedy(seq2seq.open_sessions(tmp_path), made.layout, [t.numpy() for t in inputs], 16,
+                                    PLAIN)
+    if family in ("bart", "mbart", "m2m_100"):  # a loop without the rules would give other tokens
+        assert not np.array_equal(plain[:, :want.shape[1]], want)
+    if family in ("mbart", "m2m_100"):
+        assert (got[:, 0] == CONFIGURED[family]["forced_bos_token_id"]).all()
     if family == "whisper":
         assert made.layout.speech and _inputs(made.paths[0]) == {"input_features": ["batch", 16, 64]}
         assert "encoder_attention_mask" not in _inputs(made.paths[2])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-FAMILIES = ("t5", "bart", "marian", "mbart", "pegasus", "whisper")
+FAMILIES = ("t5", "bart", "marian", "mbart", "pegasus", "whisper", "m2m_100")
 
 
 def _bart_like(transformers, cls: str, config: str, **extra):
@@ -32,6 +32,8 @@ def tiny(family: str, scale: float = 3.0):
         model = _bart_like(transformers, "MarianMTModel", "MarianConfig", decoder_vocab_size=128)
     elif family == "mbart":
         model = _bart_like(transformers, "MBartForConditionalGeneration", "MBartConfig")
+    elif family == "m2m_100":
+        model = _bart_like(transformers, "M2M100ForConditionalGeneration", "M2M100Config")
     elif family == "pegasus":
         model = _bart_like(transformers, "PegasusForConditionalGeneration", "PegasusConfig")
     elif family == "whisper":  # log-mel features in, 2 x 32 frames

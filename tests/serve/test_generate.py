@@ -16,6 +16,7 @@ import transformers
 from onnxport.core.errors import UsageError
 from onnxport.decoder.flow import run_model
 from onnxport.decoder.generation import generate_greedy, stream_greedy
+from onnxport.decoder.processors import GreedyRules
 from onnxport.decoder.prove import greedy
 from onnxport.decoder.tokenizer import load_tokenizer, save_tokenizer
 from onnxport.runtime.sessions import session
@@ -60,6 +61,7 @@ def llm(tmp_path_factory) -> dict:
     config = transformers.LlamaConfig(hidden_size=64, vocab_size=VOCAB, num_hidden_layers=2, num_attention_heads=4,
                                       num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256)
     model = transformers.LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = None  # the end of a sequence is the tokenizer's (set below)
     model.save_pretrained(root / "hf")
     out = root / "tiny-llama"
     outcome = run_model(model, out, max_length=MAX_LENGTH, new_tokens=4)
@@ -156,7 +158,7 @@ def test_stream_greedy_is_prove_greedy_step_by_step(llm):
     np.testing.assert_array_equal(generate_greedy(sess, layout, padded, pmask, 6), greedy(sess, layout, padded,
                                                                                          pmask, 6))
     one = np.array([llm["prompt"]])
-    stopped = generate_greedy(sess, layout, one, np.ones_like(one), 16, eos_token_id=llm["eos"])
+    stopped = generate_greedy(sess, layout, one, np.ones_like(one), 16, GreedyRules(eos_token_ids=(llm["eos"],)))
     assert stopped[0].tolist() == llm["greedy"][:llm["stop"] + 1]  # the eos step is the last one
     with pytest.raises(UsageError, match="exceeds the declared maximum of 48") as err:
         next(stream_greedy(sess, layout, np.zeros((1, 40), np.int64), np.ones((1, 40), np.int64), 9))

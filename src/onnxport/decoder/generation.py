@@ -1,5 +1,5 @@
 """Step-wise greedy generation with an exported decoder: one step at a time, so a server can stream each token
-as it comes. The feeding rules are those of :func:`onnxport.decoder.prove.greedy` (the prompt on an empty
+as it comes, under the generation config's rules (:mod:`onnxport.decoder.processors`). The feeding rules are those of :func:`onnxport.decoder.prove.greedy` (the prompt on an empty
 cache, then one token per step with the presents fed back as past and position ids from the mask's cumsum)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from onnxport.core.errors import UsageError
+from onnxport.decoder.processors import GreedyRules
 from onnxport.decoder.records import CacheLayout
 
 
@@ -44,37 +45,29 @@ def past_dtype(sess) -> np.dtype:
 
 
 def stream_greedy(sess, layout: CacheLayout, input_ids: np.ndarray, attention_mask: np.ndarray,
-                  max_new_tokens: int, eos_token_id: int | None = None) -> Iterator[np.ndarray]:
-    """Greedy tokens one step at a time: yields [batch] int64 token ids per step, at most ``max_new_tokens``
-    steps, and stops after the step where every row has produced ``eos_token_id`` (that step is yielded; rows
-    that finished earlier keep generating, as ``generate`` does before it pads). A prompt that leaves no room
-    is a UsageError before anything runs."""
+                  max_new_tokens: int, rules: GreedyRules | None = None) -> Iterator[np.ndarray]:
+    """Greedy tokens one step at a time under ``rules`` (the generation config's processors and end-of-sequence
+    stop; None: the layout's, else plain argmax): yields [batch] int64 token ids per step, at most
+    ``max_new_tokens`` steps, and stops after the step where every row has produced an end-of-sequence token
+    (rows that finished earlier get the pad token, as ``generate`` gives them). A prompt that leaves no room is
+    a UsageError before anything runs."""
     batch, prompt = input_ids.shape
     check_room(layout, prompt, max_new_tokens)
     mask = attention_mask.astype(np.int64)
     ids = input_ids.astype(np.int64)
+    rules = rules if rules is not None else layout.generation or GreedyRules()
+    decoding = rules.start(ids, max_new_tokens, mask)
     dtype = past_dtype(sess)
     past = [np.zeros(layout.past_shape(kind, batch, 0), dtype) for _ in range(layout.layers) for kind in ("key", "value")]
-    done = np.zeros(batch, bool)
     outputs = list(layout.output_names)
     for _ in range(max_new_tokens):
         logits, *past = sess.run(outputs, step_feeds(layout, ids, mask, past))
-        token, ended = greedy_token(logits, done, eos_token_id)
+        token = decoding.step(logits[:, -1])
         yield token
-        if ended:
+        if decoding.finished:
             return
         ids = token[:, None]
         mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
-
-
-def greedy_token(logits: np.ndarray, done: np.ndarray, eos_token_id: int | None) -> tuple[np.ndarray, bool]:
-    """Each row's greedy token from the last position of ``logits``, and whether every row has now ended
-    (``done`` marks in place the rows that produced ``eos_token_id``)."""
-    token = logits[:, -1].argmax(-1).astype(np.int64)
-    if eos_token_id is None:
-        return token, False
-    done |= token == eos_token_id
-    return token, bool(done.all())
 
 
 def stacked(steps: list[np.ndarray], batch: int) -> np.ndarray:
@@ -83,7 +76,7 @@ def stacked(steps: list[np.ndarray], batch: int) -> np.ndarray:
 
 
 def generate_greedy(sess, layout: CacheLayout, input_ids: np.ndarray, attention_mask: np.ndarray,
-                    max_new_tokens: int, eos_token_id: int | None = None) -> np.ndarray:
+                    max_new_tokens: int, rules: GreedyRules | None = None) -> np.ndarray:
     """All of :func:`stream_greedy` at once: [batch, steps] token ids."""
-    return stacked(list(stream_greedy(sess, layout, input_ids, attention_mask, max_new_tokens, eos_token_id)),
+    return stacked(list(stream_greedy(sess, layout, input_ids, attention_mask, max_new_tokens, rules)),
                    input_ids.shape[0])

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from onnxport.core.errors import UsageError, one_line
+from onnxport.decoder.processors import rules_from_config
 from onnxport.decoder.records import CacheLayout
 
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
@@ -59,7 +60,8 @@ def cache_layout(model: nn.Module, max_length: int) -> CacheLayout:
     heads = heads if isinstance(heads, int) and heads > 0 else kv_heads
     layout = CacheLayout(arch, str(getattr(text, "model_type", "")), layers, heads, kv_heads, key_dim,
                          int(getattr(text, "vocab_size", 0) or 0), position_ids, max_length,
-                         value_dim if value_dim != key_dim else None, window)
+                         value_dim if value_dim != key_dim else None, window,
+                         rules_from_config(getattr(model, "generation_config", None), encoder_decoder=False))
     _dry_run(model, layout)
     return layout
 

@@ -1,5 +1,6 @@
 """The proof of a decoder with its cache: each step case (batch × past × new tokens) against PyTorch, then
-greedy generation by onnxruntime (presents fed back as past) against ``model.generate`` token for token."""
+greedy generation by onnxruntime (presents fed back as past, tokens picked under the generation config's rules)
+against ``model.generate`` token for token."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from onnxport.core.errors import UsageError, one_line
 from onnxport.core.records import FP32, Tolerance
 from onnxport.decoder.generation import generate_greedy
 from onnxport.decoder.layout import CachedDecoder, step_inputs
+from onnxport.decoder.processors import PLAIN, GreedyRules
 from onnxport.decoder.records import CacheLayout, DecoderProof, GenerationCheck, StepCase
 from onnxport.runtime.sessions import session
 
@@ -33,7 +35,9 @@ def step_matrix(max_length: int) -> list[tuple[int, int, int]]:
 
 def prove_decoder(model: nn.Module, layout: CacheLayout, path: str | Path, *, tolerance: Tolerance = FP32,
                   new_tokens: int = NEW_TOKENS, seed: int = 0) -> DecoderProof:
-    """Every :func:`step_matrix` case, then greedy generation (one unpadded row; a batch with left padding)."""
+    """Every :func:`step_matrix` case, then greedy generation under the generation config's rules against
+    ``model.generate``: one unpadded row as configured, and a batch with left padding without the
+    end-of-sequence stop (so that every step is compared even where the row ends early)."""
     sess = session(path, providers=["CPUExecutionProvider"])
     wrapper = CachedDecoder(model, layout).eval()
     cases = tuple(step_case(sess, wrapper, layout, b, p, n, tolerance, seed + i)
@@ -47,8 +51,10 @@ def prove_decoder(model: nn.Module, layout: CacheLayout, path: str | Path, *, to
     lengths = (prompt, 1, max(1, prompt - 2))
     batch = torch.randint(0, layout.vocab, (len(lengths), prompt), generator=gen)
     mask = torch.tensor([[0] * (prompt - n) + [1] * n for n in lengths])
-    gens = (generation_check("one row", sess, model, layout, single, torch.ones_like(single), new_tokens),
-            generation_check("left-padded batch", sess, model, layout, batch, mask, new_tokens))
+    rules = layout.generation or PLAIN
+    gens = (generation_check("one row", sess, model, layout, single, torch.ones_like(single), new_tokens, rules),
+            generation_check("left-padded batch, no end-of-sequence stop", sess, model, layout, batch, mask,
+                             new_tokens, rules.without_eos()))
     return DecoderProof(tolerance, cases, gens)
 
 
@@ -76,34 +82,62 @@ def step_case(sess, wrapper: nn.Module, layout: CacheLayout, batch: int, past: i
 
 
 def generation_check(name: str, sess, model: nn.Module, layout: CacheLayout, input_ids: torch.Tensor,
-                     attention_mask: torch.Tensor, new_tokens: int) -> GenerationCheck:
-    """``new_tokens`` greedy tokens by :func:`greedy` against ``model.generate(do_sample=False)``."""
+                     attention_mask: torch.Tensor, new_tokens: int, rules: GreedyRules) -> GenerationCheck:
+    """``new_tokens`` greedy tokens by :func:`greedy` under ``rules`` against ``model.generate`` with the
+    model's generation config (its end-of-sequence stop only when ``rules`` keep it)."""
     lengths = tuple(int(n) for n in attention_mask.sum(-1))
     return GenerationCheck.of(name, lengths, new_tokens, lambda: (
-        greedy(sess, layout, input_ids.numpy(), attention_mask.numpy(), new_tokens),
-        reference_generate(model, input_ids, attention_mask, new_tokens)))
+        greedy(sess, layout, input_ids.numpy(), attention_mask.numpy(), new_tokens, rules),
+        reference_generate(model, input_ids, attention_mask, new_tokens, rules)))
 
 
 def greedy(sess, layout: CacheLayout, input_ids: np.ndarray, attention_mask: np.ndarray,
-           new_tokens: int) -> np.ndarray:
+           new_tokens: int, rules: GreedyRules | None = None) -> np.ndarray:
     """Greedy generation with the exported model: the prompt on an empty cache, then one token per step with
     the presents fed back as past, the mask extended by one and position ids from the mask's cumsum (as
-    transformers does for left padding). Returns [batch, new_tokens] token ids; a prompt that leaves no room
-    for them is a UsageError."""
-    return generate_greedy(sess, layout, input_ids, attention_mask, new_tokens)
+    transformers does for left padding), each token picked under ``rules`` (None: the layout's). Returns
+    [batch, steps] token ids; a prompt that leaves no room for them is a UsageError."""
+    return generate_greedy(sess, layout, input_ids, attention_mask, new_tokens, rules)
+
+
+# What generate() does beyond greedy decoding, turned off for the reference: the loop applies the rest
+# (GreedyRules.not_applied names what a config asked of these).
+GREEDY_ONLY = dict(do_sample=False, num_beams=1, num_beam_groups=1, penalty_alpha=None, dola_layers=None,
+                   guidance_scale=None, sequence_bias=None, encoder_repetition_penalty=1.0,
+                   encoder_no_repeat_ngram_size=0, exponential_decay_length_penalty=None, force_words_ids=None,
+                   constraints=None, stop_strings=None, watermarking_config=None, forced_decoder_ids=None,
+                   temperature=None, top_p=None, top_k=None, use_cache=True)
+# ... and every processor as well: plain argmax without a stop (the variant judges' reference).
+PLAIN_GREEDY = dict(min_length=0, min_new_tokens=0, eos_token_id=None, forced_bos_token_id=None,
+                    forced_eos_token_id=None, no_repeat_ngram_size=0, repetition_penalty=1.0, bad_words_ids=None,
+                    suppress_tokens=None, begin_suppress_tokens=None, renormalize_logits=False,
+                    remove_invalid_values=False)
+
+
+def reference_config(generation_config, new_tokens: int, rules: GreedyRules):
+    """A copy of the model's generation config for ``new_tokens`` greedy tokens: sampling, beams and the other
+    settings a greedy loop does not apply turned off; the end-of-sequence stop off when ``rules`` has none; every
+    processor off for :data:`~onnxport.decoder.processors.PLAIN` rules."""
+    import copy
+
+    from transformers import GenerationConfig
+
+    config = copy.deepcopy(generation_config) if generation_config is not None else GenerationConfig()
+    config.update(max_new_tokens=new_tokens, **GREEDY_ONLY)
+    if rules == PLAIN:
+        config.update(**PLAIN_GREEDY)
+    elif not rules.eos_token_ids:
+        config.update(eos_token_id=None)
+    if config.pad_token_id is None and config.eos_token_id is None:
+        config.update(pad_token_id=0)  # never used: no row ends
+    return config
 
 
 def reference_generate(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                       new_tokens: int) -> np.ndarray:
-    """``model.generate`` greedy, exactly ``new_tokens`` tokens: [batch, new_tokens]. The model's own
-    end-of-sequence token does not stop it (``generate`` would fill the rest of a stopped row with padding,
-    and a correct export would look diverged), so the model's generation config is swapped for one without
-    it for the call."""
-    import copy
-
-    config = copy.deepcopy(model.generation_config)
-    config.update(do_sample=False, num_beams=1, max_new_tokens=new_tokens, min_new_tokens=0, use_cache=True,
-                  eos_token_id=None, pad_token_id=0, bos_token_id=None, temperature=None, top_p=None, top_k=None)
+                       new_tokens: int, rules: GreedyRules = PLAIN) -> np.ndarray:
+    """``model.generate`` greedy under the model's generation config (:func:`reference_config`): [batch, steps]
+    new token ids (fewer than ``new_tokens`` when every row ended)."""
+    config = reference_config(getattr(model, "generation_config", None), new_tokens, rules)
     saved = model.generation_config
     model.generation_config = config  # unset fields fall back to the model's: its eos must not be there
     try:

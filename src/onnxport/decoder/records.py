@@ -11,6 +11,7 @@ import numpy as np
 
 from onnxport.core.errors import UsageError, one_line
 from onnxport.core.records import Tolerance
+from onnxport.decoder.processors import GreedyRules
 from onnxport.optimize.gates import GATES
 from onnxport.optimize.passes import MIN_GAIN, clearly_faster
 from onnxport.optimize.result import SkipReason
@@ -39,6 +40,7 @@ class CacheLayout:
     max_length: int  # the declared maximum of past + new tokens
     value_dim: int | None = None  # the values' last dim where it differs from the keys' (latent attention)
     sliding_window: int | None = None  # a window shorter than max_length: applied by the mask, the cache keeps all
+    generation: GreedyRules | None = None  # the generation config's rules for greedy decoding (None: plain argmax)
 
     @property
     def value_head_dim(self) -> int:
@@ -61,7 +63,8 @@ class CacheLayout:
         return {"architecture": self.architecture, "model_type": self.model_type, "layers": self.layers,
                 "heads": self.heads, "kv_heads": self.kv_heads, "head_dim": self.head_dim, "vocab": self.vocab,
                 "position_ids": self.position_ids, "max_length": self.max_length,
-                "value_dim": self.value_head_dim, "sliding_window": self.sliding_window}
+                "value_dim": self.value_head_dim, "sliding_window": self.sliding_window,
+                **({"generation": self.generation.to_dict()} if self.generation is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -118,17 +121,19 @@ class GenerationCheck:
     agreement: tuple[bool, ...]  # per step: every row's token equal
     first_divergent_step: int | None
     error: str | None = None
+    stopped: bool = False  # both ended at the same step, every row at an end-of-sequence token
 
     @classmethod
     def judged(cls, name: str, lengths: tuple[int, ...], new_tokens: int, got: np.ndarray,
                want: np.ndarray) -> GenerationCheck:
         """The check of ``got`` against ``want`` ([batch, steps] token ids): the steps where every row agrees, the
-        first that does not (or the first missing one when ``got`` stopped short)."""
+        first that does not (or the first missing one when one of them stopped short of the other)."""
         agree = tuple(bool(np.array_equal(got[:, k], want[:, k])) for k in range(min(got.shape[1], want.shape[1])))
         first = next((k for k, same in enumerate(agree) if not same), None)
-        if first is None and len(agree) < new_tokens:
+        stopped = first is None and got.shape == want.shape and len(agree) < new_tokens
+        if first is None and len(agree) < new_tokens and not stopped:
             first = len(agree)
-        return cls(name, len(lengths), lengths, new_tokens, agree, first)
+        return cls(name, len(lengths), lengths, new_tokens, agree, first, stopped=stopped)
 
     @classmethod
     def of(cls, name: str, lengths: tuple[int, ...], new_tokens: int,
@@ -145,13 +150,14 @@ class GenerationCheck:
 
     @property
     def passed(self) -> bool:
-        return self.error is None and self.first_divergent_step is None and len(self.agreement) == self.new_tokens
+        return self.error is None and self.first_divergent_step is None and (
+            len(self.agreement) == self.new_tokens or (self.stopped and bool(self.agreement)))
 
     def to_dict(self) -> dict:
         return {"name": self.name, "batch": self.batch, "prompt_lengths": list(self.prompt_lengths),
                 "new_tokens": self.new_tokens, "steps_agreeing": sum(self.agreement),
                 "agreement": list(self.agreement), "first_divergent_step": self.first_divergent_step,
-                "passed": self.passed, "error": self.error}
+                "passed": self.passed, "error": self.error, "stopped": self.stopped}
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from onnxport.core.onnxfile import file_bytes, inline_limit, move_model, save_mo
 from onnxport.core.records import FP32, Tolerance
 from onnxport.decoder.generation import step_feeds, stream_greedy
 from onnxport.decoder.layout import CachedDecoder, step_inputs
+from onnxport.decoder.processors import PLAIN
 from onnxport.decoder.prove import greedy, step_matrix
 from onnxport.decoder.records import DECODER_GATES, CacheLayout, DecoderVariant, DecoderVariants
 from onnxport.optimize import registry
@@ -153,7 +154,7 @@ def teacher_forced(sess, layout: CacheLayout, prompts: np.ndarray, tokens: np.nd
 
 def greedy_steps(sess, layout: CacheLayout, prompts: np.ndarray, tokens: np.ndarray) -> int:
     """How many greedy steps of the variant (every row) equal PyTorch's before the first difference."""
-    got = greedy(sess, layout, prompts, np.ones(prompts.shape, np.int64), tokens.shape[1])
+    got = greedy(sess, layout, prompts, np.ones(prompts.shape, np.int64), tokens.shape[1], PLAIN)
     same = np.all(got == tokens, axis=0)
     return int(same.argmin()) if not same.all() else int(same.size)
 
@@ -162,7 +163,7 @@ def timed_greedy(sess, layout: CacheLayout, input_ids: np.ndarray, new_tokens: i
     """The seconds of each step of the greedy loop (:func:`~onnxport.decoder.generation.stream_greedy`,
     unpadded rows; step 0 is the prompt)."""
     seconds, t0 = [], time.perf_counter()
-    for _ in stream_greedy(sess, layout, input_ids, np.ones(input_ids.shape, np.int64), new_tokens):
+    for _ in stream_greedy(sess, layout, input_ids, np.ones(input_ids.shape, np.int64), new_tokens, PLAIN):
         now = time.perf_counter()
         seconds.append(now - t0)
         t0 = now

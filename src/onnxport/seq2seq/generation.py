@@ -1,6 +1,7 @@
 """Step-wise greedy generation with the three exported files: the encoder once, the first decoder step on the
 start token (its presents hold the decoder's and the encoder's keys and values), then one token per step with
-``decoder_with_past_model``, the decoder presents fed back beside the encoder's unchanged ones."""
+``decoder_with_past_model``, the decoder presents fed back beside the encoder's unchanged ones; the generation
+config's rules (:mod:`onnxport.decoder.processors`) pick each token."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import NamedTuple
 import numpy as np
 
 from onnxport.core.errors import UsageError
-from onnxport.decoder.generation import greedy_token, stacked
+from onnxport.decoder.generation import stacked
+from onnxport.decoder.processors import GreedyRules
 from onnxport.seq2seq.records import DECODER_FILE, ENCODER_FILE, WITH_PAST_FILE, Seq2SeqLayout, final_name
 
 
@@ -33,13 +35,16 @@ def open_sessions(folder: str | Path, proven: bool = True, providers: Sequence[s
     return Sessions(*(session(p, providers=list(providers or ["CPUExecutionProvider"]), **kw) for p in files))
 
 
-def check_room(layout: Seq2SeqLayout, new_tokens: int) -> None:
-    """UsageError when ``new_tokens`` (after the start token) exceed the decoder's ``max_length``."""
+def check_room(layout: Seq2SeqLayout, new_tokens: int, rules: GreedyRules | None = None) -> None:
+    """UsageError when ``new_tokens`` (after the start token and the decoder prompt of ``rules``) exceed the
+    decoder's ``max_length``."""
     if new_tokens < 1:
         raise UsageError(f"{new_tokens} new tokens asked for", "ask for at least one new token")
-    if new_tokens > layout.max_length:
-        raise UsageError(f"{new_tokens} new tokens exceed the declared maximum of {layout.max_length} decoder "
-                         "tokens", "ask for fewer new tokens, or export again with a larger --max-length")
+    prompt = len((rules or layout.rules).decoder_prompt)
+    if prompt + new_tokens > layout.max_length:
+        after = f" after the {prompt} tokens of the decoder prompt" if prompt else ""
+        raise UsageError(f"{new_tokens} new tokens{after} exceed the declared maximum of {layout.max_length} "
+                         "decoder tokens", "ask for fewer new tokens, or export again with a larger --max-length")
 
 
 def encoder_feeds(layout: Seq2SeqLayout, inputs: Sequence[np.ndarray]) -> dict:
@@ -55,21 +60,24 @@ def encoder_feeds(layout: Seq2SeqLayout, inputs: Sequence[np.ndarray]) -> dict:
 
 
 def stream_greedy(sessions: Sessions, layout: Seq2SeqLayout, inputs: Sequence[np.ndarray], max_new_tokens: int,
-                  eos_token_id: int | None = None) -> Iterator[np.ndarray]:
-    """Greedy tokens one step at a time: yields [batch] int64 ids per step, at most ``max_new_tokens`` steps,
-    stopping after the step where every row has produced ``eos_token_id``. ``inputs``: the encoder's (ids and
-    mask, or features)."""
-    check_room(layout, max_new_tokens)
+                  rules: GreedyRules | None = None) -> Iterator[np.ndarray]:
+    """Greedy tokens one step at a time under ``rules`` (the generation config's processors, end-of-sequence
+    stop and decoder prompt; None: the layout's): yields [batch] int64 ids per step, at most ``max_new_tokens``
+    steps, stopping after the step where every row has produced an end-of-sequence token (rows that ended
+    earlier get the pad token). ``inputs``: the encoder's (ids and mask, or features). The first decoder step
+    runs on the start token and the decoder prompt; only the new tokens are yielded."""
+    rules = rules if rules is not None else layout.rules
+    check_room(layout, max_new_tokens, rules)
     feeds = encoder_feeds(layout, inputs)
     (states,) = sessions.encoder.run(["last_hidden_state"], feeds)
     batch = states.shape[0]
     masks = {"encoder_attention_mask": feeds["attention_mask"]} if layout.encoder_mask else {}
-    ids = np.full((batch, 1), layout.start_token, np.int64)
+    ids = np.tile(np.asarray([layout.start_token, *rules.decoder_prompt], np.int64), (batch, 1))
+    decoding = rules.start(ids, max_new_tokens)
     logits, *presents = sessions.decoder.run(list(layout.decoder_outputs),
                                              {"input_ids": ids, "encoder_hidden_states": states, **masks})
     cross = [presents[4 * i + k] for i in range(layout.layers) for k in (2, 3)]
     own = [presents[4 * i + k] for i in range(layout.layers) for k in (0, 1)]
-    done = np.zeros(batch, bool)
     names = layout.past_names("past_key_values")
     for step in range(max_new_tokens):
         if step:
@@ -77,14 +85,14 @@ def stream_greedy(sessions: Sessions, layout: Seq2SeqLayout, inputs: Sequence[np
                                                                cross[2 * i + 1])]
             logits, *own = sessions.with_past.run(list(layout.with_past_outputs),
                                                   {"input_ids": ids, **masks, **dict(zip(names, cache))})
-        token, ended = greedy_token(logits, done, eos_token_id)
+        token = decoding.step(logits[:, -1])
         yield token
-        if ended:
+        if decoding.finished:
             return
         ids = token[:, None]
 
 
 def generate_greedy(sessions: Sessions, layout: Seq2SeqLayout, inputs: Sequence[np.ndarray], max_new_tokens: int,
-                    eos_token_id: int | None = None) -> np.ndarray:
+                    rules: GreedyRules | None = None) -> np.ndarray:
     """All of :func:`stream_greedy` at once: [batch, steps] token ids."""
-    return stacked(list(stream_greedy(sessions, layout, inputs, max_new_tokens, eos_token_id)), inputs[0].shape[0])
+    return stacked(list(stream_greedy(sessions, layout, inputs, max_new_tokens, rules)), inputs[0].shape[0])

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from onnxport.core.errors import UsageError, one_line
+from onnxport.decoder.processors import rules_from_config
 from onnxport.seq2seq.records import Seq2SeqLayout
 
 NO_CACHE_HINT = "export its plain forward without a cache instead: give its inputs with --input (docs/seq2seq.md)"
@@ -87,7 +88,8 @@ def seq2seq_layout(model: nn.Module, max_length: int, max_source: int) -> Seq2Se
     layers, heads, head_dim = _probe(model, arch, speech, mel_bins, frames, hidden, start)
     return Seq2SeqLayout(arch, str(getattr(config, "model_type", "")), layers, heads, head_dim, hidden, vocab, start,
                          max_length, frames // 2 if speech else max_source, speech, mel_bins, frames,
-                         _eos(model, config))
+                         _eos(model, config),
+                         rules_from_config(getattr(model, "generation_config", None) or config, encoder_decoder=True))
 
 
 def _eos(model: nn.Module, config) -> int | None:

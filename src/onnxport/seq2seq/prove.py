@@ -1,10 +1,8 @@
 """The proof of an encoder-decoder with its cache: each step case (sources of several lengths, padded rows,
-decoder past 0 … max-1) against PyTorch, then greedy generation by the three files against
-``model.generate`` token for token."""
+decoder past 0 … max-1) against PyTorch, then greedy generation by the three files under the generation config's
+rules against ``model.generate`` token for token."""
 
 from __future__ import annotations
-
-import copy
 
 import numpy as np
 import torch
@@ -12,6 +10,8 @@ from torch import nn
 
 from onnxport.core.errors import UsageError, one_line
 from onnxport.core.records import FP32, Tolerance
+from onnxport.decoder.processors import PLAIN, GreedyRules
+from onnxport.decoder.prove import reference_config
 from onnxport.decoder.records import GenerationCheck
 from onnxport.seq2seq.feeds import (
     decoder_ids,
@@ -95,51 +95,49 @@ def prove_seq2seq(model: nn.Module, layout: Seq2SeqLayout, sessions: Sessions, *
     wrappers = (Encoder(model, layout).eval(), FirstStep(model, layout).eval(), WithPast(model, layout).eval())
     cases = tuple(step_case(sessions, wrappers, layout, c, tolerance, seed + i)
                   for i, c in enumerate(step_matrix(layout)))
-    if new_tokens > layout.max_length:
+    prompt = len(layout.rules.decoder_prompt)
+    if new_tokens > layout.max_length or prompt >= layout.max_length:
         raise UsageError(f"--max-length {layout.max_length} leaves no room for {new_tokens} generated tokens",
-                         f"give --max-length {new_tokens} or more")
+                         f"give --max-length {new_tokens + prompt} or more")
+    new_tokens = min(new_tokens, layout.max_length - prompt)  # Whisper's prompt tokens take their room
     source = min(7, layout.max_source)
     one = encoder_inputs(layout, 1, source, seed=seed + 101)
     batch = encoder_inputs(layout, 3, source, padded=True, seed=seed + 102)
     lengths = (layout.max_source,) * 3 if layout.speech else tuple(padded_lengths(3, source))
-    gens = (generation_check("one row", sessions, model, layout, one, (lengths[0],), new_tokens),
-            generation_check("padded batch", sessions, model, layout, batch, lengths, new_tokens))
+    rules = layout.rules
+    gens = (generation_check("one row", sessions, model, layout, one, (lengths[0],), new_tokens, rules),
+            generation_check("padded batch, no end-of-sequence stop", sessions, model, layout, batch, lengths,
+                             new_tokens, rules.without_eos()))
     return Seq2SeqProof(tolerance, cases, gens)
 
 
 def generation_check(name: str, sessions: Sessions, model: nn.Module, layout: Seq2SeqLayout, inputs: list,
-                     lengths: tuple[int, ...], new_tokens: int) -> GenerationCheck:
-    """``new_tokens`` greedy tokens by :func:`generate_greedy` against ``model.generate(do_sample=False)``."""
+                     lengths: tuple[int, ...], new_tokens: int, rules: GreedyRules) -> GenerationCheck:
+    """``new_tokens`` greedy tokens by :func:`generate_greedy` under ``rules`` against ``model.generate`` with
+    the model's generation config (its end-of-sequence stop only when ``rules`` keep it)."""
     return GenerationCheck.of(name, lengths, new_tokens, lambda: (
-        generate_greedy(sessions, layout, [t.numpy() for t in inputs], new_tokens),
-        reference_generate(model, layout, inputs, new_tokens)))
+        generate_greedy(sessions, layout, [t.numpy() for t in inputs], new_tokens, rules),
+        reference_generate(model, layout, inputs, new_tokens, rules)))
 
 
-PLAIN_GREEDY = dict(do_sample=False, num_beams=1, min_new_tokens=0, use_cache=True,
-                    eos_token_id=None, bos_token_id=None, temperature=None, top_p=None, top_k=None,
-                    forced_bos_token_id=None, forced_eos_token_id=None, no_repeat_ngram_size=0,
-                    encoder_no_repeat_ngram_size=0, repetition_penalty=1.0, bad_words_ids=None,
-                    suppress_tokens=None, begin_suppress_tokens=None, forced_decoder_ids=None,
-                    renormalize_logits=False, length_penalty=1.0)
-
-
-def reference_generate(model: nn.Module, layout: Seq2SeqLayout, inputs: list, new_tokens: int) -> np.ndarray:
-    """``model.generate`` greedy, exactly ``new_tokens`` tokens after the start token: [batch, new_tokens]. The
-    generation config is swapped for plain greedy decoding (no end-of-sequence stop, no forced, suppressed or
-    banned tokens: the exported files give the logits, the loop takes their argmax). Whisper's own
-    ``generate`` (language detection, timestamps) is bypassed for transformers' generic one."""
+def reference_generate(model: nn.Module, layout: Seq2SeqLayout, inputs: list, new_tokens: int,
+                       rules: GreedyRules = PLAIN) -> np.ndarray:
+    """``model.generate`` greedy under the model's generation config (:func:`reference_config`), the decoder
+    started on the start token and ``rules.decoder_prompt``: [batch, steps] new token ids (fewer than
+    ``new_tokens`` when every row ended). Whisper's own ``generate`` (language detection, timestamps, long-form
+    segments) is bypassed for transformers' generic one, given Whisper's prompt tokens."""
     from transformers import GenerationMixin
 
-    config = copy.deepcopy(model.generation_config)
-    config.update(max_new_tokens=new_tokens, decoder_start_token_id=layout.start_token, pad_token_id=0,
-                  **PLAIN_GREEDY)
+    config = reference_config(model.generation_config, new_tokens, rules)
+    config.update(decoder_start_token_id=layout.start_token)
     saved = model.generation_config
     model.generation_config = config  # unset fields fall back to the model's: its eos must not be there
     kw = ({"input_features": inputs[0]} if layout.speech
           else {"input_ids": inputs[0], "attention_mask": inputs[1]})
+    start = torch.tensor([[layout.start_token, *rules.decoder_prompt]] * inputs[0].shape[0], dtype=torch.long)
     try:
         with torch.inference_mode():
-            out = GenerationMixin.generate(model, **kw, generation_config=config)
+            out = GenerationMixin.generate(model, **kw, decoder_input_ids=start, generation_config=config)
     finally:
         model.generation_config = saved
-    return out[:, 1:].numpy()
+    return out[:, start.shape[1]:].numpy()

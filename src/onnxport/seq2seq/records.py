@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from onnxport.decoder.processors import GreedyRules
 from onnxport.decoder.records import DecoderProof, DecoderVariants
 
 ENCODER_FILE = "encoder_model.onnx"
@@ -38,15 +39,18 @@ class Seq2SeqLayout:
     mel_bins: int = 0
     frames: int = 0  # speech: the one input length the encoder takes
     eos_token: int | None = None  # the generation config's end-of-sequence token (its first, when it names several)
+    generation: GreedyRules | None = None  # the generation config's rules for greedy decoding (None: plain argmax)
 
     @classmethod
     def from_dict(cls, data: dict) -> Seq2SeqLayout:
         """The layout :meth:`to_dict` wrote (report.json's ``seq2seq.layout``); keys it does not know are left
         out. A missing or malformed field is a TypeError, KeyError or ValueError."""
-        names = {f.name for f in fields(cls)} - {"start_token", "eos_token"}
+        names = {f.name for f in fields(cls)} - {"start_token", "eos_token", "generation"}
         eos = data.get("eos_token_id")
+        rules = data.get("generation")
         return cls(**{k: v for k, v in data.items() if k in names}, start_token=int(data["decoder_start_token_id"]),
-                   eos_token=int(eos) if eos is not None else None)
+                   eos_token=int(eos) if eos is not None else None,
+                   generation=GreedyRules.from_dict(rules) if isinstance(rules, dict) else None)
 
     @property
     def encoder_inputs(self) -> tuple[str, ...]:
@@ -85,7 +89,15 @@ class Seq2SeqLayout:
                 "heads": self.heads, "head_dim": self.head_dim, "hidden": self.hidden, "vocab": self.vocab,
                 "decoder_start_token_id": self.start_token, "max_length": self.max_length,
                 "max_source": self.max_source, "speech": self.speech, "mel_bins": self.mel_bins or None,
-                "frames": self.frames or None, "eos_token_id": self.eos_token, "files": list(FILES)}
+                "frames": self.frames or None, "eos_token_id": self.eos_token, "files": list(FILES),
+                **({"generation": self.generation.to_dict()} if self.generation is not None else {})}
+
+    @property
+    def rules(self) -> GreedyRules:
+        """The rules greedy decoding follows: the recorded generation config's, else a stop at ``eos_token``."""
+        if self.generation is not None:
+            return self.generation
+        return GreedyRules(eos_token_ids=(self.eos_token,) if self.eos_token is not None else ())
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from onnxport.core.errors import UsageError, one_line
 from onnxport.core.logs import Progress, noop
 from onnxport.core.onnxfile import copy_model, file_bytes
 from onnxport.core.records import FP32, Tolerance
+from onnxport.decoder.processors import PLAIN
 from onnxport.decoder.records import DecoderVariant, DecoderVariants
 from onnxport.decoder.variants import build_nbits, fuse_offline
 from onnxport.optimize.context import Skip
@@ -98,7 +99,7 @@ def judge(sessions: Sessions, layout: Seq2SeqLayout, refs, tolerance: Tolerance)
         worst = max(worst, float(diff.max(initial=0.0)))
         strict = strict and bool(np.all(diff <= tolerance.atol + tolerance.rtol * np.abs(logits)))
         cosine = min(cosine, _cosine(got, logits))
-    tokens = generate_greedy(sessions, layout, sources, want.shape[1])
+    tokens = generate_greedy(sessions, layout, sources, want.shape[1], PLAIN)
     same = [bool(np.array_equal(tokens[:, i], want[:, i])) for i in range(want.shape[1])]
     steps_agreeing = next((i for i, s in enumerate(same) if not s), len(same))
     return {"max_abs_err": worst, "strict": strict, "cosine": cosine, "top1": float(np.mean(tokens == want)),
@@ -111,7 +112,7 @@ def decode_speed(sessions: Sessions, layout: Seq2SeqLayout, batch: int = 1) -> t
     inputs = [t.numpy() for t in encoder_inputs(layout, batch, min(SPEED_SOURCE, layout.max_source), seed=300)]
 
     def best(n: int) -> float:
-        return best_of(lambda: generate_greedy(sessions, layout, inputs, n), REPEATS)
+        return best_of(lambda: generate_greedy(sessions, layout, inputs, n, PLAIN), REPEATS)
 
     first = best(1)
     return tokens / max(best(tokens + 1) - first, 1e-9), first * 1000

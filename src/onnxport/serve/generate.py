@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -17,6 +18,7 @@ import numpy as np
 
 from onnxport.core.errors import UsageError
 from onnxport.decoder.generation import check_room, stream_greedy
+from onnxport.decoder.processors import GreedyRules
 from onnxport.decoder.records import CacheLayout
 from onnxport.decoder.tokenizer import load_tokenizer
 from onnxport.seq2seq.generation import Sessions, open_sessions
@@ -49,17 +51,37 @@ class Generator:
         eos = getattr(self.tokenizer, "eos_token_id", None)
         return eos if isinstance(eos, int) else None
 
+    @property
+    def rules(self) -> GreedyRules:
+        """The generation config's rules the export recorded (none: plain greedy), stopping at the tokenizer's
+        end-of-sequence token as well (as text-generation servers do)."""
+        recorded = getattr(self.layout, "generation", None) or GreedyRules()
+        return _stop_at(recorded, self.eos_token_id)
+
     def to_dict(self) -> dict:
         return {"layout": self.layout.to_dict(), "tokenizer": self.tokenizer is not None,
                 "eos_token_id": self.eos_token_id}
+
+    def config_parameters(self) -> dict[str, str]:
+        """What the served config says of generation: the generation config's rules applied, and those not."""
+        rules = self.rules
+        return {"onnxport_generation_applied": ", ".join(rules.applied) or "none (plain greedy)",
+                "onnxport_generation_not_applied": ", ".join(rules.not_applied) or "none"}
 
     def check_room(self, prompt: int, new_tokens: int) -> None:
         """UsageError when the prompt and the new tokens do not fit the export's lengths."""
         check_room(self.layout, prompt, new_tokens)
 
-    def stream(self, sess, ids: np.ndarray, max_tokens: int, eos: int | None) -> Iterator[np.ndarray]:
-        """Greedy tokens for the prompt ``ids`` [1, n], one step at a time."""
-        return stream_greedy(sess, self.layout, ids, np.ones_like(ids), max_tokens, eos)
+    def stream(self, sess, ids: np.ndarray, max_tokens: int, rules: GreedyRules) -> Iterator[np.ndarray]:
+        """Greedy tokens for the prompt ``ids`` [1, n] under ``rules``, one step at a time."""
+        return stream_greedy(sess, self.layout, ids, np.ones_like(ids), max_tokens, rules)
+
+
+def _stop_at(rules: GreedyRules, eos: int | None) -> GreedyRules:
+    """``rules`` with ``eos`` among its end-of-sequence tokens."""
+    if eos is None or eos in rules.eos_token_ids:
+        return rules
+    return dataclasses.replace(rules, eos_token_ids=(*rules.eos_token_ids, eos))
 
 
 @dataclass(frozen=True)
@@ -110,9 +132,11 @@ def decoder_layout(sig: Signature, report_layout: object = None) -> CacheLayout 
     max_length = max_length if isinstance(max_length, int) and max_length > 1 else DEFAULT_MAX_LENGTH
     value = inputs["past_key_values.0.value"].shape or ()
     value_dim = dim(value, 3, "value_dim") if len(value) == 4 else None  # latent attention: values of their own width
+    rules = report.get("generation")
     return CacheLayout(str(report.get("architecture", "")), str(report.get("model_type", "")), layers,
                        dim((), 0, "heads") or kv_heads, kv_heads, head_dim, dim(logits, -1, "vocab") or 0,
-                       position_ids, max_length, value_dim=value_dim if value_dim != head_dim else None)
+                       position_ids, max_length, value_dim=value_dim if value_dim != head_dim else None,
+                       generation=GreedyRules.from_dict(rules) if isinstance(rules, dict) else None)
 
 
 def load_generator(sig: Signature, onnx_path: Path, report_layout: object = None) -> Generator | None:
@@ -223,12 +247,13 @@ class TextPieces:
 
 
 def tokens(sess, gen: Generator, req: GenerateRequest) -> Iterator[int]:
-    """The generated token ids, one at a time; the end-of-sequence token ends it unseen unless ``ignore_eos``."""
-    eos = None if req.ignore_eos else gen.eos_token_id
+    """The generated token ids, one at a time, under the generation config's rules; an end-of-sequence token ends
+    it unseen unless ``ignore_eos``."""
+    rules = gen.rules.without_eos() if req.ignore_eos else gen.rules
     ids = np.asarray([req.input_ids], np.int64) if req.source is None else req.source
-    for step in gen.stream(sess, ids, req.max_tokens, eos):
+    for step in gen.stream(sess, ids, req.max_tokens, rules):
         token = int(step[0])
-        if token == eos:
+        if token in rules.eos_token_ids:
             return
         yield token
 
@@ -334,6 +359,10 @@ class Seq2SeqGenerator(Generator):
         eos = getattr(self.layout, "eos_token", None)
         return eos if isinstance(eos, int) else super().eos_token_id
 
+    @property
+    def rules(self) -> GreedyRules:
+        return _stop_at(self.layout.rules, super().eos_token_id)
+
     def to_dict(self) -> dict:
         return {**super().to_dict(), "feature_extractor": self.extractor is not None}
 
@@ -343,14 +372,14 @@ class Seq2SeqGenerator(Generator):
         if prompt > self.layout.max_source:
             raise UsageError(f"a source of {prompt} tokens exceeds the declared maximum of {self.layout.max_source}",
                              "shorten the source")
-        seq2seq_room(self.layout, new_tokens)
+        seq2seq_room(self.layout, new_tokens, self.rules)
 
-    def stream(self, sess, ids: np.ndarray, max_tokens: int, eos: int | None) -> Iterator[np.ndarray]:
+    def stream(self, sess, ids: np.ndarray, max_tokens: int, rules: GreedyRules) -> Iterator[np.ndarray]:
         """Greedy tokens for the source ``ids`` [1, n] (speech: features [1, mel_bins, frames], or audio [n])."""
         if not self.layout.speech:
-            return seq2seq_stream(self.sessions, self.layout, [ids, np.ones_like(ids)], max_tokens, eos)
+            return seq2seq_stream(self.sessions, self.layout, [ids, np.ones_like(ids)], max_tokens, rules)
         features = log_mel(self.extractor, ids) if ids.ndim == 1 else ids
-        return seq2seq_stream(self.sessions, self.layout, [features], max_tokens, eos)
+        return seq2seq_stream(self.sessions, self.layout, [features], max_tokens, rules)
 
 
 def seq2seq_generator(sig: Signature, onnx_path: Path, report_layout: object = None) -> Seq2SeqGenerator | None:

@@ -207,6 +207,9 @@ class ServedModel:
             config.setdefault("parameters", {})["onnxport_batching"] = {"string_value": f"off: {self.source.batching_off}"}
         for sym, rule in (self.source.constrained_dims or {}).items():  # proven at these sizes only
             config.setdefault("parameters", {})[f"onnxport_constrained_dim_{sym}"] = {"string_value": rule}
+        if self.generator is not None:  # which of the generation config's rules generate applies, and which not
+            for key, text in self.generator.config_parameters().items():
+                config.setdefault("parameters", {})[key] = {"string_value": text}
         return config
 
     def statistics(self) -> dict:

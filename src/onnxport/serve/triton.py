@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from onnxport.decoder.processors import GreedyRules
 from onnxport.serve.models import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_DELAY_MS,
@@ -202,7 +203,18 @@ def seq2seq_model_config(layout: dict, name: str, *, instance_count: int = 1, th
     return {"name": name, "backend": "python", "max_batch_size": 0,
             "input": inputs, "output": [{"name": "output_ids", "data_type": _Enum("TYPE_INT64"), "dims": [-1, -1]}],
             "instance_group": [{"count": instance_count, "kind": _Enum("KIND_CPU")}],
-            "parameters": {"intra_op_thread_count": {"string_value": str(threads or 0)}}}
+            "parameters": {"intra_op_thread_count": {"string_value": str(threads or 0)},
+                           **{key: {"string_value": text} for key, text in generation_parameters(layout).items()}}}
+
+
+def generation_parameters(layout: dict) -> dict[str, str]:
+    """Which of the generation config's rules the greedy loop applies, and which it cannot (config parameters)."""
+    rules = GreedyRules.from_dict(layout.get("generation")) if isinstance(layout.get("generation"), dict) else None
+    if rules is None:
+        eos = layout.get("eos_token_id")
+        rules = GreedyRules(eos_token_ids=(int(eos),) if eos is not None else ())
+    return {"onnxport_generation_applied": ", ".join(rules.applied) or "none (plain greedy)",
+            "onnxport_generation_not_applied": ", ".join(rules.not_applied) or "none"}
 
 
 def seq2seq_config_pbtxt(config: dict, layout: dict) -> str:
@@ -215,7 +227,8 @@ def seq2seq_config_pbtxt(config: dict, layout: dict) -> str:
              f"{layout.get('decoder_start_token_id')}) and",
              "# 1/decoder_with_past_model.onnx (one step per token, on the cache); 1/seq2seq.json is the layout.",
              f"# In: {source}; max_tokens INT32 [1] (default 16, at most {layout.get('max_length')}).",
-             "# Out: output_ids INT64 [batch, steps], the greedy tokens after the start token, up to and including",
-             f"# the end-of-sequence token {layout.get('eos_token_id')} (rows that ended early are filled with it).",
-             "# The python backend needs numpy and onnxruntime in its environment (pip install onnxruntime)."]
+             "# Out: output_ids INT64 [batch, steps], the greedy tokens after the start token (and the decoder prompt),",
+             "# up to and including an end-of-sequence token (rows that ended early are filled with the pad token).",
+             "# Tokens are picked under the generation config's rules (1/greedy_processors.py, the parameters",
+             "# onnxport_generation_applied and onnxport_generation_not_applied below say which)."]
     return "\n".join(notes + _pbtxt(config)) + "\n"

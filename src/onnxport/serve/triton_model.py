@@ -2,24 +2,29 @@
 the greedy loop over ``encoder_model.onnx``, ``decoder_model.onnx`` and ``decoder_with_past_model.onnx`` with
 onnxruntime. ``onnxport triton OUT/ --repo R`` copies this file to ``R/<name>/1/model.py`` beside the three files
 and ``seq2seq.json`` (the layout the export recorded). It imports numpy, onnxruntime and the backend's
-``triton_python_backend_utils`` only, so that it runs in Triton's python backend without onnxport; onnxport
-itself never imports it.
+``triton_python_backend_utils`` and ``greedy_processors.py`` (the generation config's rules, written beside it
+from :mod:`onnxport.decoder.processors`) only, so that it runs in Triton's python backend without onnxport;
+onnxport itself never imports it.
 
 Inputs (``max_batch_size: 0``: the batch is the first dim of each tensor): ``input_ids`` INT64 [batch, source]
 and the optional ``attention_mask`` INT64 [batch, source] (1 for tokens, 0 for right padding) of a text model,
 or ``input_features`` FP32 [batch, mel_bins, frames] of Whisper; the optional ``max_tokens`` INT32 [1] (default
-16). Output: ``output_ids`` INT64 [batch, steps], the greedy tokens after ``decoder_start_token_id`` (the
-end-of-sequence token included; a row that ended before the others is filled with it), as
-``model.generate(do_sample=False)`` returns them without the start token."""
+16). Output: ``output_ids`` INT64 [batch, steps], the greedy tokens after ``decoder_start_token_id`` and the
+decoder prompt (the end-of-sequence token included; a row that ended before the others is filled with the pad
+token), as ``model.generate`` returns them with the generation config's rules, without its prompt."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # greedy_processors.py lies beside this file
+import greedy_processors  # noqa: E402 - the generation config's rules, copied from onnxport.decoder.processors
 
 LAYOUT_FILE = "seq2seq.json"
 FILES = ("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx")
@@ -30,19 +35,30 @@ def _names(layers: int, prefix: str, kinds: tuple[str, ...] = ("decoder", "encod
     return [f"{prefix}.{i}.{kind}.{kv}" for i in range(layers) for kind in kinds for kv in ("key", "value")]
 
 
+def rules_of(layout: dict):
+    """The generation config's rules the export recorded (``greedy_processors.GreedyRules``), else a stop at the
+    recorded end-of-sequence token."""
+    if isinstance(layout.get("generation"), dict):
+        return greedy_processors.GreedyRules.from_dict(layout["generation"])
+    eos = layout.get("eos_token_id")
+    return greedy_processors.GreedyRules(eos_token_ids=(int(eos),) if eos is not None else ())
+
+
 def greedy(sessions: list, layout: dict, feeds: dict, max_tokens: int) -> np.ndarray:
-    """[batch, steps] greedy tokens: the encoder once, the first decoder step on the start token, then one step
-    per token on the cache; stops after the step where every row has produced the end-of-sequence token."""
+    """[batch, steps] greedy tokens under the generation config's rules: the encoder once, the first decoder step
+    on the start token and the decoder prompt, then one step per token on the cache; stops after the step where
+    every row has produced an end-of-sequence token (rows that ended earlier get the pad token)."""
     encoder, first, with_past = sessions
-    layers, eos = int(layout["layers"]), layout.get("eos_token_id")
+    layers, rules = int(layout["layers"]), rules_of(layout)
     (states,) = encoder.run(["last_hidden_state"], feeds)
     masks = {} if layout.get("speech") else {"encoder_attention_mask": feeds["attention_mask"]}
-    ids = np.full((states.shape[0], 1), int(layout["decoder_start_token_id"]), np.int64)
+    ids = np.tile(np.asarray([int(layout["decoder_start_token_id"]), *rules.decoder_prompt], np.int64),
+                  (states.shape[0], 1))
+    decoding = rules.start(ids, max_tokens)
     logits, *presents = first.run(["logits", *_names(layers, "present")],
                                   {"input_ids": ids, "encoder_hidden_states": states, **masks})
     own = [presents[4 * i + k] for i in range(layers) for k in (0, 1)]
     cross = [presents[4 * i + k] for i in range(layers) for k in (2, 3)]
-    done = np.zeros(states.shape[0], bool)
     steps = []
     for step in range(max_tokens):
         if step:
@@ -50,12 +66,9 @@ def greedy(sessions: list, layout: dict, feeds: dict, max_tokens: int) -> np.nda
             logits, *own = with_past.run(["logits", *_names(layers, "present", ("decoder",))],
                                          {"input_ids": ids, **masks, **dict(zip(_names(layers, "past_key_values"),
                                                                                cache))})
-        token = logits[:, -1].argmax(-1).astype(np.int64)
-        if eos is not None:
-            token = np.where(done, int(eos), token)
-            done |= token == int(eos)
+        token = decoding.step(logits[:, -1])
         steps.append(token)
-        if eos is not None and done.all():
+        if decoding.finished:
             break
         ids = token[:, None]
     return np.stack(steps, axis=1)
@@ -93,12 +106,15 @@ def encoder_feeds(layout: dict, request) -> dict:
 
 
 def max_tokens(layout: dict, request) -> int:
-    """The tokens to generate (``max_tokens``, default 16); ValueError beyond the export's ``max_length``."""
+    """The tokens to generate (``max_tokens``, default 16); ValueError beyond the export's ``max_length`` less the
+    decoder prompt."""
+    room = int(layout["max_length"]) - len(rules_of(layout).decoder_prompt)
     given = _tensor(request, "max_tokens")
     count = DEFAULT_MAX_TOKENS if given is None or not given.size else int(given.reshape(-1)[0])
-    count = min(count, int(layout["max_length"])) if given is None else count
-    if not 1 <= count <= int(layout["max_length"]):
-        raise ValueError(f"max_tokens must be in 1..{layout['max_length']} (the export's --max-length), got {count}")
+    count = min(count, room) if given is None else count
+    if not 1 <= count <= room:
+        raise ValueError(f"max_tokens must be in 1..{room} (the export's --max-length less the decoder prompt), "
+                         f"got {count}")
     return count
 
 
