@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from onnxport.runtime.sessions import session
+
 
 @dataclass(frozen=True)
 class FlopCount:
@@ -170,7 +172,6 @@ def _einsum(eq: str, shapes: list[list[int] | None]) -> int | None:
 def _run_shapes(source: Any, model, shapes: dict[str, Sequence[int]]) -> dict[str, list[int | None]]:
     """Exact shapes of the counted nodes' tensors, by running ``source`` once in ONNX Runtime on zeros."""
     import onnx
-    import onnxruntime as ort
 
     table = _shape_table(model)
     full = _load(source) if isinstance(source, onnx.ModelProto) else onnx.load(str(source))
@@ -186,10 +187,7 @@ def _run_shapes(source: Any, model, shapes: dict[str, Sequence[int]]) -> dict[st
             continue
         dims = shapes.get(inp.name) or [d.dim_value or 1 for d in inp.type.tensor_type.shape.dim]
         feeds[inp.name] = np.zeros(dims, onnx.helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type))
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    opts.log_severity_level = 3
-    sess = ort.InferenceSession(full.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    sess = session(full, opt_level="disable")
     names = [o.name for o in sess.get_outputs()]
     for name, value in zip(names, sess.run(None, feeds)):
         table[name] = list(np.shape(value))

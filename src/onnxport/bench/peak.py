@@ -20,6 +20,7 @@ import numpy as np
 from onnxport import environment
 from onnxport.runtime.backends import default_threads
 from onnxport.runtime.openvino import bf16_missing
+from onnxport.runtime.sessions import session
 
 
 def cache_dir() -> Path:
@@ -60,7 +61,6 @@ def measure_gemm(threads: int, size: int = PEAK_SIZE, repeats: int = PEAK_REPEAT
     """Best-of-``repeats`` GEMM speed of square ``size`` matrices: fp32 (torch.mm and ONNX Runtime MatMul, the
     faster), int8 (ONNX Runtime MatMulInteger) and, where the CPU has native bf16 (``cpu_flags``, default: read
     here), bf16 (torch.mm). Without native bf16 there is no bf16 peak: bf16 there runs through conversions."""
-    import onnxruntime as ort
     import torch
     from onnx import TensorProto, helper, numpy_helper
 
@@ -83,9 +83,7 @@ def measure_gemm(threads: int, size: int = PEAK_SIZE, repeats: int = PEAK_REPEAT
         [numpy_helper.from_array(b.numpy(), "B")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = min(model.ir_version, 9)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    sess = session(model, threads=threads)
     feed = {"A": a.numpy()}
     ort_s = _time_best(lambda: sess.run(None, feed), repeats)
     results = {"torch.mm": work / torch_s / 1e9, "onnxruntime MatMul": work / ort_s / 1e9}
@@ -108,7 +106,6 @@ def measure_gemm(threads: int, size: int = PEAK_SIZE, repeats: int = PEAK_REPEAT
 def measure_int8_gemm(threads: int, size: int = PEAK_SIZE, repeats: int = PEAK_REPEATS) -> float:
     """GOP/s of ONNX Runtime's MatMulInteger on square ``size`` matrices (uint8 activations, int8 weights: the
     kernel dynamic int8 runs, on VNNI/AMX where the CPU has them)."""
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
@@ -121,9 +118,7 @@ def measure_int8_gemm(threads: int, size: int = PEAK_SIZE, repeats: int = PEAK_R
         [numpy_helper.from_array(b, "B")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = min(model.ir_version, 9)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    sess = session(model, threads=threads)
     return 2.0 * size**3 / _time_best(lambda: sess.run(None, {"A": a}), repeats) / 1e9
 
 

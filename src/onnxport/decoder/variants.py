@@ -45,7 +45,7 @@ from onnxport.optimize.passes import Budget, build_into, each_variant
 from onnxport.optimize.registry import BASELINE, DECODER, DECODER_VARIANTS, register, register_judge
 from onnxport.optimize.result import SkipReason
 from onnxport.prove.references import Refs, run_over
-from onnxport.runtime.sessions import CPU, session
+from onnxport.runtime.sessions import CPU, session, write_optimized
 
 VARIANT_NAMES = (BASELINE, *DECODER_VARIANTS)
 FP32_VARIANTS = (BASELINE, "fused")
@@ -235,14 +235,7 @@ def fuse_offline(src: Path, dst: Path, layout: CacheLayout | None) -> str:
     """Write ``src`` optimized by onnxruntime's offline graph optimizations (extended level, CPU: no layout
     changes) to ``dst`` (external data beside it for a large file); the tool's name. ``layout`` is not read
     (the signature of a fusion stage)."""
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED  # no layout changes
-    opts.optimized_model_filepath = str(dst)
-    if _external(src):
-        opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", dst.name + ".data")
-    ort.InferenceSession(str(src), opts, providers=[CPU])
+    write_optimized(src, dst, opt_level="extended")  # no layout changes
     return "onnxruntime offline graph optimization (extended, CPU)"
 
 

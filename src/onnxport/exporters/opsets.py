@@ -9,6 +9,7 @@ from typing import TypeVar
 import onnx
 
 from onnxport.runtime.placement import CPU_PROVIDER, Placement
+from onnxport.runtime.sessions import session
 
 MIN_OPSET = 17
 
@@ -16,7 +17,6 @@ MIN_OPSET = 17
 @functools.lru_cache(maxsize=1)
 def onnxruntime_max_opset() -> int:
     """The newest default-domain opset the installed onnxruntime accepts (probed once)."""
-    import onnxruntime as ort
     from onnx import helper
 
     for version in range(onnx.defs.onnx_opset_version(), MIN_OPSET - 1, -1):
@@ -26,7 +26,7 @@ def onnxruntime_max_opset() -> int:
         ir = min(onnx.IR_VERSION, 10)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", version)], ir_version=ir)
         try:
-            ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+            session(model)
             return version
         except Exception:  # noqa: BLE001 - a refusal means this opset is too new
             continue

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import onnx
 
-from onnxport.core.onnxfile import copy_model, file_bytes, inline_limit, remove_model, save_model
+from onnxport.core.onnxfile import copy_model, inline_limit, remove_model, save_model
 from onnxport.optimize.context import BuildContext, BuildOutcome, Skip
 from onnxport.optimize.result import ORT_LEVEL
 from onnxport.prove.check import check
-from onnxport.runtime import ops
+from onnxport.runtime.sessions import write_optimized
 
 
 def is_cnn(model: onnx.ModelProto) -> bool:
@@ -87,16 +87,7 @@ def build_ort(src: Path, dst: Path, ctx: BuildContext) -> BuildOutcome:
     """``ort``: the graph ONNX Runtime saves after its extended (portable) optimizations."""
     import onnxruntime as ort
 
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    opts.optimized_model_filepath = str(dst)
-    opts.log_severity_level = 3
-    if file_bytes(src) > inline_limit():
-        opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", dst.name + ".data")
-    with ops.prepare_session(src, opts) as load_path:  # custom-op libraries / Python implementations
-        ort.InferenceSession(load_path, opts, providers=["CPUExecutionProvider"])
-    if not dst.exists():
-        raise RuntimeError("onnxruntime wrote no optimized model")
+    write_optimized(src, dst, opt_level=ORT_LEVEL)  # custom-op libraries / Python implementations loaded
     return BuildOutcome({
         "tool": f"onnxruntime {ort.__version__} offline optimization", "level": ORT_LEVEL, "portable": True,
         "note": "saved at ORT_ENABLE_EXTENDED, which is portable across machines; ORT_ENABLE_ALL adds "

@@ -13,16 +13,22 @@ from __future__ import annotations
 import contextlib
 import io
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from onnxport.core.errors import EnvironmentProblem, UsageError
 from onnxport.core.logs import captured_fds
+from onnxport.core.onnxfile import file_bytes, inline_limit
 from onnxport.core.options import DEVICES, GpuOptions, RuntimeOptions
 from onnxport.runtime import ops
 from onnxport.runtime.libraries import Probe, status, tensorrt_loadable
 from onnxport.runtime.placement import Placement, classify, count_memcpy, parse_placement
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = ["DEVICES", "GpuOptions", "Placement", "parse_placement"]  # re-exported from onnxport.runtime.placement (with the rest below)
 
@@ -138,13 +144,13 @@ def strict_fp32() -> Iterator[None]:
 # --------------------------------------------------------------------------- sessions
 
 
-def session(path: str | Path, *, providers: list | None = None, threads: int | None = None,
+def session(source: str | Path | onnx.ModelProto, *, providers: list | None = None, threads: int | None = None,
             opt_level: str = "all", log_severity: int = 3, inter_op_threads: int | None = None,
             execution_mode: str | None = None, enable_mem_pattern: bool | None = None,
             enable_cpu_mem_arena: bool | None = None, log_sink: list[str] | None = None,
             keep_verbose: bool = False):
-    """An InferenceSession on ``path`` (``providers``: a provider chain, default the CPU; ORT_ENABLE_ALL unless
-    told otherwise).
+    """An InferenceSession on ``source`` (a file, or a model held in memory; ``providers``: a provider chain,
+    default the CPU; ORT_ENABLE_ALL unless told otherwise).
 
     ``inter_op_threads``, ``execution_mode`` ("sequential"/"parallel"), ``enable_mem_pattern`` and
     ``enable_cpu_mem_arena`` keep ONNX Runtime's defaults when None. Registered custom-op libraries and
@@ -157,29 +163,47 @@ def session(path: str | Path, *, providers: list | None = None, threads: int | N
     a caller that reads it and drops it). What onnxruntime prints on stdout while a session is created (its "EP Error"
     fallback notice) never reaches stdout: it goes to the sink, else to stderr.
     """
-    if log_sink is None:
-        return _open(path, providers, log_severity, None, threads=threads, opt_level=opt_level,
-                     inter_op_threads=inter_op_threads, execution_mode=execution_mode,
-                     enable_mem_pattern=enable_mem_pattern, enable_cpu_mem_arena=enable_cpu_mem_arena)
     kw = dict(threads=threads, opt_level=opt_level, inter_op_threads=inter_op_threads, execution_mode=execution_mode,
               enable_mem_pattern=enable_mem_pattern, enable_cpu_mem_arena=enable_cpu_mem_arena)
-    # one thread: a pool's threads log verbosely as they start, maybe after the capture has ended
-    verbose = _open(path, providers, 0, log_sink, restore=log_severity, **{**kw, "threads": 1, "inter_op_threads": 1})
-    if keep_verbose:
-        return verbose
-    del verbose
-    return _open(path, providers, log_severity, log_sink, **kw)
+    try:
+        if log_sink is None:
+            return _open(source, providers, log_severity, None, **kw)
+        # one thread: a pool's threads log verbosely as they start, maybe after the capture has ended
+        verbose = _open(source, providers, 0, log_sink, restore=log_severity,
+                        **{**kw, "threads": 1, "inter_op_threads": 1})
+        if keep_verbose:
+            return verbose
+        del verbose
+        return _open(source, providers, log_severity, log_sink, **kw)
+    except EnvironmentProblem:
+        raise
+    except Exception as e:  # noqa: BLE001 - onnxruntime raises several unrelated types
+        raise _load_error(source, e) from None
 
 
-def _open(path: str | Path, providers: list | None, severity: int, sink: list[str] | None, *,
-          restore: int | None = None, threads: int | None = None, opt_level: str = "all",
-          inter_op_threads: int | None = None, execution_mode: str | None = None,
-          enable_mem_pattern: bool | None = None, enable_cpu_mem_arena: bool | None = None):
-    """One InferenceSession at log ``severity``; with ``sink`` and severity 0 its creation's fd 1 and 2 go to
-    the sink. The default logger's severity is set to ``restore`` afterwards, even on failure."""
-    import onnxruntime as ort
+def write_optimized(src: str | Path, dst: str | Path, *, opt_level: str = "extended", providers: list | None = None,
+                    external: bool | None = None) -> Path:
+    """Write ``src`` as ONNX Runtime optimizes it at ``opt_level`` to ``dst`` (offline optimization; default
+    extended: portable, no hardware-specific layouts), opened like every session (custom ops, spinning stop).
 
-    ort.set_default_logger_severity(severity)
+    The weights go to ``<dst name>.data`` beside it when ``external`` (None: when ``src`` is over
+    :func:`~onnxport.core.onnxfile.inline_limit`). Raises what onnxruntime raises, and RuntimeError when it
+    wrote nothing."""
+    src, dst = Path(src), Path(dst)
+    if external is None:
+        external = file_bytes(src) > inline_limit()
+    config = {"session.optimized_model_external_initializers_file_name": dst.name + ".data"} if external else {}
+    _open(src, providers, 3, None, opt_level=opt_level, optimized=dst, config=config)
+    if not dst.exists():
+        raise RuntimeError("onnxruntime wrote no optimized model")
+    return dst
+
+
+def _options(ort, severity: int, *, threads: int | None = None, opt_level: str = "all",
+             inter_op_threads: int | None = None, execution_mode: str | None = None,
+             enable_mem_pattern: bool | None = None, enable_cpu_mem_arena: bool | None = None,
+             optimized: Path | None = None, config: dict[str, str] | None = None):
+    """The ``ort.SessionOptions`` of every session onnxport opens (None: ONNX Runtime's default)."""
     opts = ort.SessionOptions()
     opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPT_LEVELS[opt_level])
     opts.log_severity_level = severity
@@ -193,29 +217,63 @@ def _open(path: str | Path, providers: list | None, severity: int, sink: list[st
         opts.enable_mem_pattern = enable_mem_pattern
     if enable_cpu_mem_arena is not None:
         opts.enable_cpu_mem_arena = enable_cpu_mem_arena
+    if optimized is not None:
+        opts.optimized_model_filepath = str(optimized)
     # Worker threads stop spinning when a run ends: a spinning pool left behind by one session (or by a
     # benchmark of another variant) otherwise takes the cores from the next one; a run's own parallel
     # sections still spin. Measured: three MiniLM sessions timed in turn ran 1.7-2.8x slower without it.
-    opts.add_session_config_entry("session.force_spinning_stop", "1")
+    for key, value in {"session.force_spinning_stop": "1", **(config or {})}.items():
+        opts.add_session_config_entry(key, value)
+    return opts
+
+
+def _open(source: str | Path | onnx.ModelProto, providers: list | None, severity: int, sink: list[str] | None, *,
+          restore: int | None = None, **options):
+    """One InferenceSession at log ``severity`` (``options``: those of :func:`_options`); with ``sink`` and
+    severity 0 its creation's fd 1 and 2 go to the sink. The default logger's severity is set to ``restore``
+    afterwards, even on failure. Raises what onnxruntime raises."""
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(severity)
+    opts = _options(ort, severity, **options)
     chain = providers or [CPU]
     printed = io.StringIO()
     fds = captured_fds(sink, (1, 2)) if sink is not None and severity == 0 else contextlib.nullcontext()
     try:
-        with ops.prepare_session(path, opts) as load_path, fds, _printed_to(printed, chain):
+        with _prepared(source, opts) as loadable, fds, _printed_to(printed, chain):
             try:
-                return ort.InferenceSession(load_path, opts, providers=chain)
+                return ort.InferenceSession(loadable, opts, providers=chain)
             finally:  # still inside the capture: a thread the session started logs nothing verbose after it
                 if restore is not None:
                     ort.set_default_logger_severity(restore)
-    except EnvironmentProblem:
-        raise
-    except Exception as e:  # noqa: BLE001 - onnxruntime raises several unrelated types
-        raise _load_error(path, e) from None
     finally:
         if restore is not None:
             ort.set_default_logger_severity(restore)
         if printed.getvalue():
             (sink.append if sink is not None else sys.stderr.write)(printed.getvalue())
+
+
+@contextlib.contextmanager
+def _prepared(source: str | Path | onnx.ModelProto, opts) -> Iterator[str | bytes]:
+    """What ``InferenceSession`` loads, the custom-op implementations registered on ``opts``
+    (:func:`~onnxport.runtime.ops.prepare_session`). A model in memory is serialized, or written to a
+    temporary folder first when one of its nodes runs through a Python implementation (which loads a file)."""
+    if isinstance(source, (str, Path)):
+        with ops.prepare_session(source, opts) as path:
+            yield path
+        return
+    if not any(op in ops.python_ops() for op in ops.model_custom_ops(source)):
+        for lib in ops.libraries():
+            opts.register_custom_ops_library(str(lib))
+        yield source.SerializeToString()
+        return
+    import onnx
+
+    with tempfile.TemporaryDirectory(prefix="onnxport-session-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        onnx.save_model(source, str(path))
+        with ops.prepare_session(path, opts) as load_path:
+            yield load_path
 
 
 _PRINTS = threading.Lock()
@@ -232,13 +290,14 @@ def _printed_to(buffer: io.StringIO, chain: Sequence) -> Iterator[None]:
         yield
 
 
-def _load_error(path: str | Path, e: Exception) -> UsageError:
+def _load_error(source: str | Path | onnx.ModelProto, e: Exception) -> UsageError:
     msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
     hint = "run 'onnxport check' on the file; the model may use an operator or opset this onnxruntime lacks"
     if "is not a registered function/op" in msg:
         hint = ("the model uses a custom operator: pass its compiled library with --custom-op-library, or "
                 "register a Python implementation with onnxport.custom_ops.ort_python_op (docs/custom_ops.md)")
-    return UsageError(f"onnxruntime cannot load {Path(path).name}: {msg}", hint)
+    name = Path(source).name if isinstance(source, (str, Path)) else f"the model '{source.graph.name}'"
+    return UsageError(f"onnxruntime cannot load {name}: {msg}", hint)
 
 
 # --------------------------------------------------------------------------- placement

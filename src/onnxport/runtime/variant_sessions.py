@@ -29,7 +29,7 @@ import numpy as np
 from onnxport.core.errors import UsageError
 from onnxport.runtime.openvino import OPENVINO, OpenVinoSession
 from onnxport.runtime.placement import Placement
-from onnxport.runtime.sessions import CPU, CUDA, TENSORRT, GpuOptions, session
+from onnxport.runtime.sessions import CPU, CUDA, TENSORRT, GpuOptions, session, write_optimized
 
 TRT_WORKSPACE = 2 * 1024**3
 MAX_GRAPH_SHAPES = 16  # CUDA-graph sessions kept per file (one per input shape)
@@ -162,16 +162,13 @@ def memcpy_nodes(path: Path, providers: list) -> list[str] | None:
     ONNX Runtime captures a CUDA graph when every node is on CUDA or the CPU with no such copy: the shape
     subgraphs it keeps on the CPU on purpose need none."""
     import onnx
-    import onnxruntime as ort
 
     with tempfile.TemporaryDirectory(prefix="onnxport-graph-") as tmp:
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        opts.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
-        try:
-            ort.InferenceSession(str(path), opts, providers=providers)
-            model = onnx.load(opts.optimized_model_filepath, load_external_data=False)
-        except Exception:  # noqa: BLE001 - custom ops, >2 GB graphs: the placement decides instead
+        try:  # the graph alone is read: its weights stay inline (over 2 GB, writing fails)
+            optimized = write_optimized(path, Path(tmp) / "optimized.onnx", opt_level="all", providers=providers,
+                                        external=False)
+            model = onnx.load(str(optimized), load_external_data=False)
+        except Exception:  # noqa: BLE001 - >2 GB graphs, an op onnxruntime lacks: the placement decides instead
             return None
     return [f"{n.op_type} ({n.name})" for n in model.graph.node if n.op_type in ("MemcpyToHost", "MemcpyFromHost")]
 
