@@ -7,7 +7,10 @@ import json
 import os
 from pathlib import Path
 
+import torch
+
 from onnxport.core.errors import SourceError, missing_dependency, one_line
+from onnxport.core.samples import make_inputs
 from onnxport.core.spec import Dim, InputSpec
 from onnxport.sources.base import LoadedModel
 from onnxport.sources.finish import declared_or, finish
@@ -65,7 +68,7 @@ def load_hf(source: str, inputs: list[InputSpec], dims: list[Dim], *, task: str 
                           "the directory needs the weights saved by save_pretrained()") from None
     model.config.return_dict = True
     names = _input_names(transformers, path, model)
-    specs, ranges, defaults = _specs(config, names, path)
+    specs, ranges, defaults = _specs(config, names, path, tokens=_position_limit(model))
     arch = type(model).__name__
     return finish(source, arch, "hf", model, declared_or(inputs, specs), dims, defaults, ranges=ranges,
                   extra={"model_type": getattr(config, "model_type", None), "architecture": arch})
@@ -84,9 +87,14 @@ def _model_class(transformers, config, task: str | None):
     return transformers.AutoModel
 
 
-KNOWN_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "pixel_values", "pixel_mask",
-                "input_values", "input_features")  # the inputs whose shape and values onnxport can make up
-TOWERS = ("text_config", "vision_config", "audio_config")  # where dual encoders keep each tower's settings
+KNOWN_INPUTS = ("input_ids", "bbox", "attention_mask", "token_type_ids", "pixel_values", "pixel_mask",
+                "input_values", "input_features", "decoder_input_ids")  # those onnxport can make up, in this order
+TEXT_AFTER_IDS = ("bbox", "attention_mask", "token_type_ids")  # beside input_ids, where forward takes them
+TOWERS = ("text_config", "vision_config", "audio_config", "encoder", "decoder")  # sub-configs with a tower's settings
+VISION = ("vision_config", "encoder")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model",
+                   "sentencepiece.bpe.model", "tokenizer.model")
+BOX_MAX = 1000  # LayoutLM-style boxes: corners on a 0..1000 grid
 
 
 def _setting(config, name: str, default=None, towers: tuple[str, ...] = TOWERS):
@@ -100,41 +108,83 @@ def _setting(config, name: str, default=None, towers: tuple[str, ...] = TOWERS):
     return default if value is None else value
 
 
-def _preprocessor(path: Path) -> dict:
-    """``preprocessor_config.json`` beside the model (sampling rate, mel bins, image size), {} when absent."""
+def _json(path: Path) -> dict:
+    """A JSON object file, {} when absent or unreadable."""
     try:
-        found = json.loads((path / "preprocessor_config.json").read_text(encoding="utf-8"))
+        found = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return found if isinstance(found, dict) else {}
 
 
+def _preprocessor(path: Path) -> dict:
+    """``preprocessor_config.json`` beside the model (sampling rate, mel bins, image size), {} when absent."""
+    return _json(path / "preprocessor_config.json")
+
+
+def _has_tokenizer(path: Path) -> bool:
+    """Whether tokenizer files were saved beside the model (transformers builds an empty one from the config
+    alone, whose input names say nothing about this model)."""
+    return any((path / f).is_file() for f in TOKENIZER_FILES)
+
+
+def _orders_boxes() -> bool:
+    """Whether the generated values of a ``bbox`` input are boxes (x0 <= x1, y0 <= y1): LayoutLM indexes
+    embeddings with x1 - x0 and y1 - y0, so unordered corners fail in PyTorch."""
+    (t,) = make_inputs((InputSpec("bbox", "int64", (64, 4), (0, BOX_MAX)),), {}, seed=0)
+    return bool((t[:, :2] <= t[:, 2:]).all())
+
+
 def _input_names(transformers, path: Path, model) -> list[str]:
-    """The inputs to make up for ``model``: the tokenizer's when it has one, else ``main_input_name`` with the
-    text inputs forward takes beside token ids; both towers of a model that takes token ids and pixels (CLIP,
-    SigLIP, ALIGN, BLIP-style). A main input onnxport cannot make up is a SourceError
-    (exit 2) with the ``--input`` line to write."""
+    """The inputs to make up for ``model``, from its forward signature and ``main_input_name``: the text inputs
+    beside token ids (the saved tokenizer's list when there is one; ``bbox`` for layout models), ``pixel_mask``
+    beside pixels (DETR-style), both towers of a model that takes token ids and pixels (CLIP, SigLIP, ALIGN,
+    BLIP-style), ``decoder_input_ids`` of an encoder-decoder's plain forward (VisionEncoderDecoder). A main or
+    required input onnxport cannot make up is a SourceError (exit 2) with the ``--input`` lines to write."""
     params = inspect.signature(model.forward).parameters
-    names: list[str] = []
-    try:
-        tok = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        names = list(getattr(tok, "model_input_names", []))
-    except Exception:  # noqa: BLE001 - no tokenizer: fall back to the forward signature
-        names = []
+    config = model.config
     main = getattr(model, "main_input_name", "input_ids")
     if main not in KNOWN_INPUTS and main in params:
-        raise SourceError(f"onnxport cannot make up the input '{main}' of {type(model).__name__}",
-                          f"describe it, e.g. -i '{main}:float32[batch,...]' (its dtype and shape, dims named) "
-                          "and -d for each dim's range")
-    if not names:
-        names = [main]
-        if main == "input_ids":
-            names += [n for n in TEXT_INPUTS[1:] if n in params]
-    if "input_ids" in params and "pixel_values" in params and _setting(model.config, "vision_config") is not None:
-        names += [n for n in ("input_ids", "attention_mask", "pixel_values") if n not in names]  # both towers
+        raise _cannot_make_up(main, model, path, [n for n in KNOWN_INPUTS if n in params and n != main][:3])
+    names = [main]
+    if "input_ids" in params and "pixel_values" in params and _setting(config, "vision_config") is not None:
+        names += ["input_ids", "pixel_values"]  # both towers
+    if "input_ids" in names:
+        text = list(TEXT_AFTER_IDS)
+        if _has_tokenizer(path):
+            try:
+                tok = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+                text = ["bbox", *getattr(tok, "model_input_names", text)]
+            except Exception:  # noqa: BLE001 - an unreadable tokenizer: the forward signature decides
+                pass
+        names += [n for n in text if n != "bbox" or _orders_boxes()]
+    if "pixel_values" in names:
+        names.append("pixel_mask")
+    if getattr(config, "is_encoder_decoder", False):
+        names.append("decoder_input_ids")
     names = [n for n in dict.fromkeys(names) if n in params]
+    required = [p.name for p in params.values() if p.default is p.empty and p.name != "self"
+                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in names]
+    if required:
+        raise _cannot_make_up(required[0], model, path, names)
     order = {n: i for i, n in enumerate(KNOWN_INPUTS)}
     return sorted(names, key=lambda n: order.get(n, len(order)))
+
+
+def _cannot_make_up(name: str, model, path: Path, known: list[str]) -> SourceError:
+    """Exit 2 naming the input, with the ``--input`` lines to write: an --input replaces every input made up,
+    so the hint lists those onnxport can make up and a line to complete for ``name``."""
+    known = [n for n in known if n != name and n in KNOWN_INPUTS]
+    try:
+        made, ranges, _ = _specs(model.config, known, path)
+    except Exception:  # noqa: BLE001 - the hint then names the unknown input alone
+        made, ranges = [], {}
+    specs = [InputSpec(s.name, s.dtype, s.shape, ranges.get(s.name)) for s in made]
+    lines = " ".join(f"-i '{s}'" for s in specs)
+    return SourceError(f"onnxport cannot make up the input '{name}' of {type(model).__name__}",
+                       f"give every input ({'an --input replaces those made up: ' + lines + ' ' if lines else ''}"
+                       f"-i '{name}:float32[batch,...]'), '{name}' with its dtype and shape (dims named), and -d "
+                       "for each named dim's range")
 
 
 def _min_samples(config) -> int:
@@ -147,26 +197,58 @@ def _min_samples(config) -> int:
     return length
 
 
-def _specs(config, names: list[str], path: Path | None = None
+def _image_size(config, pre: dict) -> tuple[int, int]:
+    """(height, width) of the pixels: the config's (or vision tower's) ``image_size``, which position embeddings
+    fix; else the image processor's crop or resize size; else 224."""
+    size = _setting(config, "image_size", None, VISION)
+    if size is None:
+        size = pre.get("crop_size") if pre.get("do_center_crop", "crop_size" in pre) else None
+        size = size or pre.get("size") or 224
+    if isinstance(size, dict):
+        edge = size.get("shortest_edge") or size.get("height") or size.get("width") or 224
+        return int(size.get("height") or edge), int(size.get("width") or edge)
+    if isinstance(size, (list, tuple)):
+        return int(size[0]), int(size[-1])
+    return int(size), int(size)
+
+
+def _position_limit(model) -> int | None:
+    """The most tokens position embeddings offset past their padding index take (RoBERTa, MPNet: positions
+    start at ``padding_idx + 1``, so 514 positions hold 512 tokens); None where no embedding is offset."""
+    limits = [m.num_embeddings - m.padding_idx - 1 for name, m in model.named_modules()
+              if name.endswith("position_embeddings") and isinstance(m, torch.nn.Embedding)
+              and m.padding_idx is not None and m.padding_idx >= 0]
+    return min(limits) if limits else None
+
+
+def _text_max(config, path: Path | None, tokens: int | None = None) -> int:
+    """The longest token sequence: the model's positions (``tokens`` where they are offset), the tokenizer's
+    ``model_max_length``, 512 at most."""
+    most = tokens or int(_setting(config, "max_position_embeddings", 512) or 512)
+    saved = _json(path / "tokenizer_config.json").get("model_max_length") if path is not None else None
+    if isinstance(saved, int) and 0 < saved < most:
+        most = saved
+    return max(1, min(most, 512))
+
+
+def _specs(config, names: list[str], path: Path | None = None, tokens: int | None = None
            ) -> tuple[list[InputSpec], dict[str, tuple[int, int]], dict[str, Dim]]:
+    """The specs of ``names``, their value ranges and their dims' default ranges; ``tokens``: the most tokens
+    the position embeddings take, where not ``max_position_embeddings``."""
     specs: list[InputSpec] = []
     ranges: dict[str, tuple[int, int]] = {}
     pre = _preprocessor(path) if path is not None else {}
-    max_len = int(_setting(config, "max_position_embeddings", 512) or 512)
-    defaults = {"batch": Dim("batch", 1, 16, 2), "seq": Dim("seq", 1, min(max_len, 512), 16)}
+    seq = _text_max(config, path, tokens)
+    defaults = {"batch": Dim("batch", 1, 16, 2), "seq": Dim("seq", 1, seq, min(16, seq))}
     for n in names:
         if n in ("pixel_values", "pixel_mask"):
-            size = _setting(config, "image_size", None, ("vision_config",)) or pre.get("crop_size") \
-                or pre.get("size") or 224
-            if isinstance(size, dict):
-                size = size.get("height") or size.get("shortest_edge") or 224
-            size = size if isinstance(size, int) else size[0]
-            if n == "pixel_mask":
-                specs.append(InputSpec(n, "int64", ("batch", size, size)))
-                ranges[n] = (1, 1)
+            height, width = _image_size(config, pre)
+            if n == "pixel_mask":  # 1 where the image is, 0 on padding (rows padded on the right)
+                specs.append(InputSpec(n, "int64", ("batch", height, width)))
+                ranges[n] = (0, 1)
                 continue
-            channels = _setting(config, "num_channels", 3, ("vision_config",))
-            specs.append(InputSpec(n, "float32", ("batch", channels, size, size)))
+            channels = _setting(config, "num_channels", 3, VISION)
+            specs.append(InputSpec(n, "float32", ("batch", channels, height, width)))
             continue
         if n == "input_values":  # raw audio (wav2vec2, HuBERT, WavLM...): one float per sample
             rate = int(pre.get("sampling_rate") or _setting(config, "sampling_rate", 16000) or 16000)
@@ -184,6 +266,18 @@ def _specs(config, names: list[str], path: Path | None = None
                 most = 4 * int(_setting(config, "max_source_positions", 1500) or 1500)
                 defaults["frames"] = Dim("frames", 16, min(most, 3000), 64)
             specs.append(InputSpec(n, "float32", ("batch", mels, frames)))
+            continue
+        if n == "bbox":  # one box per token: x0, y0, x1, y1 on LayoutLM's 0..1000 grid
+            most = int(_setting(config, "max_2d_position_embeddings", BOX_MAX + 1) or BOX_MAX + 1) - 1
+            specs.append(InputSpec(n, "int64", ("batch", "seq", 4)))
+            ranges[n] = (0, min(BOX_MAX, most))
+            continue
+        if n == "decoder_input_ids":  # an encoder-decoder's plain forward: the target tokens so far
+            decoder = getattr(config, "decoder", None) or config
+            most = int(getattr(decoder, "max_position_embeddings", None) or 512)
+            specs.append(InputSpec(n, "int64", ("batch", "target")))
+            ranges[n] = (0, int(_setting(decoder, "vocab_size", 30000)) - 1)
+            defaults["target"] = Dim("target", 1, min(most, 512), min(8, most))
             continue
         specs.append(InputSpec(n, "int64", ("batch", "seq")))
         if n == "input_ids":
