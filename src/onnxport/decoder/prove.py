@@ -53,7 +53,7 @@ def prove_decoder(model: nn.Module, layout: CacheLayout, path: str | Path, *, to
     mask = torch.tensor([[0] * (prompt - n) + [1] * n for n in lengths])
     rules = layout.generation or PLAIN
     gens = (generation_check("one row", sess, model, layout, single, torch.ones_like(single), new_tokens, rules),
-            generation_check("left-padded batch, no end-of-sequence stop", sess, model, layout, batch, mask,
+            generation_check("left-padded batch", sess, model, layout, batch, mask,
                              new_tokens, rules.without_eos()))
     return DecoderProof(tolerance, cases, gens)
 

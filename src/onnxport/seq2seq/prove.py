@@ -106,7 +106,7 @@ def prove_seq2seq(model: nn.Module, layout: Seq2SeqLayout, sessions: Sessions, *
     lengths = (layout.max_source,) * 3 if layout.speech else tuple(padded_lengths(3, source))
     rules = layout.rules
     gens = (generation_check("one row", sessions, model, layout, one, (lengths[0],), new_tokens, rules),
-            generation_check("padded batch, no end-of-sequence stop", sessions, model, layout, batch, lengths,
+            generation_check("padded batch", sessions, model, layout, batch, lengths,
                              new_tokens, rules.without_eos()))
     return Seq2SeqProof(tolerance, cases, gens)
 
