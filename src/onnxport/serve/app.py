@@ -6,12 +6,15 @@ import contextlib
 import json
 import logging
 import zlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.datastructures import State
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -102,101 +105,79 @@ def _compress(body: bytes, accept: str) -> tuple[bytes, str | None]:
     return body, None
 
 
-def build_app(models: list[ServedModel], metrics: Metrics, *, max_body_bytes: int,
-              gate: Gate | None = None) -> FastAPI:
-    """The FastAPI app serving ``models``. ``app.state`` keeps what a gRPC front shares with it: ``models``
-    (by name), ``metrics``, ``gate`` (closed on shutdown: new requests get 503) and ``max_body_bytes``."""
-    by_name = {m.name: m for m in models}
-    gate = gate if gate is not None else Gate()
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    return _error(str(exc.detail), exc.status_code)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
-        app.state.ready = True
-        yield
-        app.state.ready = False
-        for m in models:
-            await m.batcher.close()
 
-    app = FastAPI(title="onnxport", version=ONNXPORT_VERSION, lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
-    app.add_middleware(_Drain, gate=gate)
-    app.state.ready = True
-    app.state.models = by_name
-    app.state.metrics = metrics
-    app.state.gate = gate
-    app.state.max_body_bytes = max_body_bytes
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    return _error(f"invalid request: {exc.errors()}", 400)
 
-    def is_ready() -> bool:
-        return bool(app.state.ready and gate.open)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _error(str(exc.detail), exc.status_code)
+async def _server_error(request: Request, exc: Exception) -> JSONResponse:
+    return _error(f"internal server error: {type(exc).__name__}: {str(exc)[:300]}", 500)
 
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error(f"invalid request: {exc.errors()}", 400)
 
-    @app.exception_handler(Exception)
-    async def server_error(request: Request, exc: Exception) -> JSONResponse:
-        return _error(f"internal server error: {type(exc).__name__}: {str(exc)[:300]}", 500)
+async def _bad_request(request: Request, exc: BadRequest) -> JSONResponse:
+    return _error(exc.message, exc.status)
 
-    @app.exception_handler(BadRequest)
-    async def bad_request(request: Request, exc: BadRequest) -> JSONResponse:
-        return _error(exc.message, exc.status)
 
-    @app.get("/v2")
-    async def server_metadata() -> dict:
+# Every error answers {"error": message}: (exception class, handler).
+ERROR_HANDLERS: tuple[tuple[type[Exception], Callable[..., Awaitable[JSONResponse]]], ...] = (
+    (StarletteHTTPException, _http_error), (RequestValidationError, _validation_error), (Exception, _server_error),
+    (BadRequest, _bad_request))
+
+
+class Handlers:
+    """The route handlers of one app, over its ``app.state`` (the models by name, the metrics, the drain gate,
+    the body limit, whether it is ready) and its ``models`` in order."""
+
+    def __init__(self, state: State, models: list[ServedModel]) -> None:
+        self.state = state
+        self.models = models
+
+    def _find(self, name: str | None, version: str | None) -> ServedModel:
+        return find(self.state.models, name, version)
+
+    def _is_ready(self) -> bool:
+        return bool(self.state.ready and self.state.gate.open)
+
+    async def server_metadata(self) -> dict:
         return {"name": SERVER_NAME, "version": ONNXPORT_VERSION, "extensions": [*EXTENSIONS, "generate"]}
 
-    @app.get("/v2/health/live")
-    async def live() -> Response:
+    async def live(self) -> Response:
         return Response(status_code=200)
 
-    @app.get("/v2/health/ready")
-    async def ready() -> Response:
-        return Response(status_code=200 if is_ready() else 503)
+    async def ready(self) -> Response:
+        return Response(status_code=200 if self._is_ready() else 503)
 
-    @app.get("/v2/models/stats")
-    @app.get("/v2/models/{name}/stats")
-    @app.get("/v2/models/{name}/versions/{version}/stats")
-    async def model_stats(name: str | None = None, version: str | None = None) -> dict:
-        chosen = [find(by_name, name, version)] if name else list(by_name.values())
+    async def model_stats(self, name: str | None = None, version: str | None = None) -> dict:
+        chosen = [self._find(name, version)] if name else list(self.state.models.values())
         return {"model_stats": [m.statistics() for m in chosen]}
 
-    @app.get("/v2/models/{name}")
-    @app.get("/v2/models/{name}/versions/{version}")
-    async def model_metadata(name: str, version: str | None = None) -> dict:
-        return find(by_name, name, version).metadata()
+    async def model_metadata(self, name: str, version: str | None = None) -> dict:
+        return self._find(name, version).metadata()
 
-    @app.get("/v2/models/{name}/ready")
-    @app.get("/v2/models/{name}/versions/{version}/ready")
-    async def model_ready(name: str, version: str | None = None) -> Response:
-        find(by_name, name, version)
-        return Response(status_code=200 if is_ready() else 503)
+    async def model_ready(self, name: str, version: str | None = None) -> Response:
+        self._find(name, version)
+        return Response(status_code=200 if self._is_ready() else 503)
 
-    @app.get("/v2/models/{name}/config")
-    @app.get("/v2/models/{name}/versions/{version}/config")
-    async def model_config(name: str, version: str | None = None) -> dict:
-        return find(by_name, name, version).config()
+    async def model_config(self, name: str, version: str | None = None) -> dict:
+        return self._find(name, version).config()
 
-    @app.post("/v2/repository/index")
-    async def repository_index() -> list:
-        return [{"name": m.name, "version": m.source.version, "state": "READY"} for m in models]
+    async def repository_index(self) -> list:
+        return [{"name": m.name, "version": m.source.version, "state": "READY"} for m in self.models]
 
-    @app.post("/v2/models/{name}/infer")
-    @app.post("/v2/models/{name}/versions/{version}/infer")
-    async def infer(name: str, request: Request, version: str | None = None) -> Response:
-        m = find(by_name, name, version)
+    async def infer(self, name: str, request: Request, version: str | None = None) -> Response:
+        m = self._find(name, version)
+        limit = self.state.max_body_bytes
 
         async def parsed() -> InferRequest:
-            body = await _read_body(request, max_body_bytes)
+            body = await _read_body(request, limit)
             encoding = request.headers.get("content-encoding", "identity")
             # a compressed body inflates many times over: from 1 KiB on the wire, it is parsed in the pool
             size = len(body) * (1 if encoding.strip().lower() in ("", "identity") else 64)
             return await offload(size, m.parse, body, encoding=encoding,
-                                 header_length=request.headers.get("inference-header-content-length"),
-                                 limit=max_body_bytes)
+                                 header_length=request.headers.get("inference-header-content-length"), limit=limit)
 
         try:
             payload, header_length = await m.infer(
@@ -211,27 +192,95 @@ def build_app(models: list[ServedModel], metrics: Metrics, *, max_body_bytes: in
         headers["Inference-Header-Content-Length"] = str(header_length)
         return Response(payload, media_type="application/octet-stream", headers=headers)
 
-    @app.post("/v2/models/{name}/generate")
-    @app.post("/v2/models/{name}/versions/{version}/generate")
-    async def generate(name: str, request: Request, version: str | None = None) -> Response:
-        m = find(by_name, name, version)
-        body = await _json_body(request, max_body_bytes) if m.generator else None
-        req, outcome = m.generate_request(body)
+    async def _generation(self, name: str, request: Request, version: str | None):
+        """The model, the request and its outcome of a generate route (a bad request is a 4xx here)."""
+        m = self._find(name, version)
+        body = await _json_body(request, self.state.max_body_bytes) if m.generator else None
+        return (m, *m.generate_request(body))
+
+    async def generate(self, name: str, request: Request, version: str | None = None) -> Response:
+        m, req, outcome = await self._generation(name, request, version)
         return JSONResponse(await m.generate(req, outcome))
 
-    @app.post("/v2/models/{name}/generate_stream")
-    @app.post("/v2/models/{name}/versions/{version}/generate_stream")
-    async def generate_stream(name: str, request: Request, version: str | None = None) -> Response:
-        m = find(by_name, name, version)
-        body = await _json_body(request, max_body_bytes) if m.generator else None
-        req, outcome = m.generate_request(body)  # a bad request is a 4xx before the stream starts
+    async def generate_stream(self, name: str, request: Request, version: str | None = None) -> Response:
+        m, req, outcome = await self._generation(name, request, version)  # 4xx before the stream starts
         return StreamingResponse(m.generate_stream(req, outcome), media_type="text/event-stream; charset=utf-8",
                                  headers={"Cache-Control": "no-cache"})
 
-    @app.get("/metrics")
-    async def prometheus() -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    async def prometheus(self) -> Response:
+        return Response(generate_latest(self.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+
+@dataclass(frozen=True)
+class Route:
+    """One row of the route table: an HTTP method, a path and the name of its :class:`Handlers` method."""
+
+    method: str
+    path: str
+    handler: str
+
+
+_MODEL = "/v2/models/{name}"
+_VERSION = "/v2/models/{name}/versions/{version}"
+
+# The OIP v2 / Triton HTTP routes, in the order they are matched.
+ROUTES: tuple[Route, ...] = (
+    Route("GET", "/v2", "server_metadata"),
+    Route("GET", "/v2/health/live", "live"),
+    Route("GET", "/v2/health/ready", "ready"),
+    Route("GET", f"{_VERSION}/stats", "model_stats"),
+    Route("GET", f"{_MODEL}/stats", "model_stats"),
+    Route("GET", "/v2/models/stats", "model_stats"),
+    Route("GET", _VERSION, "model_metadata"),
+    Route("GET", _MODEL, "model_metadata"),
+    Route("GET", f"{_VERSION}/ready", "model_ready"),
+    Route("GET", f"{_MODEL}/ready", "model_ready"),
+    Route("GET", f"{_VERSION}/config", "model_config"),
+    Route("GET", f"{_MODEL}/config", "model_config"),
+    Route("POST", "/v2/repository/index", "repository_index"),
+    Route("POST", f"{_VERSION}/infer", "infer"),
+    Route("POST", f"{_MODEL}/infer", "infer"),
+    Route("POST", f"{_VERSION}/generate", "generate"),
+    Route("POST", f"{_MODEL}/generate", "generate"),
+    Route("POST", f"{_VERSION}/generate_stream", "generate_stream"),
+    Route("POST", f"{_MODEL}/generate_stream", "generate_stream"),
+    Route("GET", "/metrics", "prometheus"),
+)
+
+
+def _lifespan(models: list[ServedModel]):
+    """The app's lifespan: ready while it runs; the models' batchers closed at its end."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.ready = True
+        yield
+        app.state.ready = False
+        for m in models:
+            await m.batcher.close()
+
+    return lifespan
+
+
+def build_app(models: list[ServedModel], metrics: Metrics, *, max_body_bytes: int,
+              gate: Gate | None = None) -> FastAPI:
+    """The FastAPI app serving ``models``: :data:`ROUTES` on a :class:`Handlers`, :data:`ERROR_HANDLERS`, the
+    drain middleware. ``app.state`` keeps what a gRPC front shares with it: ``models`` (by name), ``metrics``,
+    ``gate`` (closed on shutdown: new requests get 503) and ``max_body_bytes``."""
+    gate = gate if gate is not None else Gate()
+    app = FastAPI(title="onnxport", version=ONNXPORT_VERSION, lifespan=_lifespan(models), docs_url=None,
+                  redoc_url=None, openapi_url=None)
+    app.add_middleware(_Drain, gate=gate)
+    app.state.ready = True
+    app.state.models = {m.name: m for m in models}
+    app.state.metrics = metrics
+    app.state.gate = gate
+    app.state.max_body_bytes = max_body_bytes
+    for exc, on_error in ERROR_HANDLERS:
+        app.add_exception_handler(exc, on_error)
+    handlers = Handlers(app.state, models)
+    for route in ROUTES:
+        app.add_api_route(route.path, getattr(handlers, route.handler), methods=[route.method])
     return app
 
 
