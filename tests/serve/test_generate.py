@@ -3,6 +3,7 @@ served for real on 127.0.0.1 and driven over HTTP (generate, generate_stream's s
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import shutil
@@ -359,3 +360,18 @@ def test_cli_serve_names_the_generate_endpoint(llm):
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
+
+
+def test_served_config_names_the_generation_rules(server, llm):
+    """The served config says which of the generation config's rules generate applies, and which it cannot."""
+    status, raw = get(server, "/v2/models/tiny-llama/config")
+    params = json.loads(raw)["parameters"]
+    assert status == 200 and params["onnxport_generation_applied"]["string_value"] == "eos_token_ids"
+    assert params["onnxport_generation_not_applied"]["string_value"] == "none"
+    layout = llm["layout"]
+    ruled = dataclasses.replace(layout, generation=GreedyRules(repetition_penalty=1.3, not_applied=("num_beams=4",)))
+    from onnxport.serve.generate import Generator
+
+    params = Generator(ruled, load_tokenizer(llm["out"])).config_parameters()
+    assert params == {"onnxport_generation_applied": "eos_token_ids, repetition_penalty",
+                      "onnxport_generation_not_applied": "num_beams=4"}
