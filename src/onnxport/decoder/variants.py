@@ -116,7 +116,8 @@ def torch_greedy(model: nn.Module, layout: CacheLayout, input_ids: torch.Tensor,
     return torch.cat(tokens, dim=1).numpy()
 
 
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """The cosine of two arrays, flattened (two zero arrays: 1 when equal)."""
     a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
     norm = float(np.linalg.norm(a) * np.linalg.norm(b))
     return float(a @ b / norm) if norm else float(np.array_equal(a, b))
@@ -124,7 +125,7 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 def compare_cases(sess, layout: CacheLayout, refs: References, tolerance: Tolerance) -> tuple[float, bool, float]:
     """(max abs err over logits and presents, every case within ``tolerance``, lowest logit cosine)."""
-    worst, strict, cosine = 0.0, True, 1.0
+    worst, strict, lowest = 0.0, True, 1.0
     for feeds, want in zip(refs.steps.inputs, refs.steps.outputs):
         got = sess.run(list(layout.output_names), dict(zip(layout.input_names, (t.numpy() for t in feeds))))
         for g, w in zip(got, want):
@@ -133,8 +134,8 @@ def compare_cases(sess, layout: CacheLayout, refs: References, tolerance: Tolera
             diff = np.abs(g.astype(np.float64) - w)
             worst = max(worst, float(diff.max(initial=0.0)))
             strict = strict and bool(np.all(diff <= tolerance.atol + tolerance.rtol * np.abs(w)))
-        cosine = min(cosine, _cosine(got[0], want[0]))
-    return worst, strict, cosine
+        lowest = min(lowest, cosine(got[0], want[0]))
+    return worst, strict, lowest
 
 
 def teacher_forced(sess, layout: CacheLayout, prompts: np.ndarray, tokens: np.ndarray) -> float:

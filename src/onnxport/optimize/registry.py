@@ -23,6 +23,7 @@ from onnxport.core.errors import UsageError
 
 MODEL = "model"  # the plain path: one ONNX file, proven on the case matrix
 DECODER = "decoder"  # a causal LM with its KV cache, proven step by step and by greedy generation
+SEQ2SEQ = "seq2seq"  # an encoder-decoder: three files, each variant applied to all three
 BASELINE = "export"  # the proven export itself: every kind's baseline
 AUTO = "auto"  # the variants that can win for the model on the device (optimize/plan.py for MODEL)
 
@@ -32,6 +33,7 @@ OPENVINO_VARIANTS = ("openvino", "openvino-bf16", "openvino-int8")
 GPU_VARIANTS = ("tf32", "tensorrt", "cuda-graph")  # --device cuda only: a file run with other provider options
 ALL_VARIANTS = VARIANTS + OPENVINO_VARIANTS + GPU_VARIANTS
 DECODER_VARIANTS = ("fused", "int8", "int4")
+SEQ2SEQ_VARIANTS = ("fused", "int8")
 
 Builder = Callable[..., Any]  # (src, dst, ctx) -> BuildOutcome; the ctx type is the kind's
 Judge = Callable[..., Any]  # the kind's proof of one built file against PyTorch
@@ -52,6 +54,7 @@ class Kind:
 KINDS: dict[str, Kind] = {
     MODEL: Kind(MODEL, ALL_VARIANTS, VARIANTS),
     DECODER: Kind(DECODER, DECODER_VARIANTS, DECODER_VARIANTS, label="decoder "),
+    SEQ2SEQ: Kind(SEQ2SEQ, SEQ2SEQ_VARIANTS, SEQ2SEQ_VARIANTS, label="encoder-decoder "),
 }
 
 
