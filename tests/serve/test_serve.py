@@ -413,7 +413,8 @@ def test_run_shuts_down_gracefully_finishing_the_request_in_flight(mlp_out):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    code = f"from onnxport.serve import run; run({str(mlp_out)!r}, port={port}, log_level='warning')"
+    code = (f"from onnxport.serve import ServeOptions, run; "
+            f"run({str(mlp_out)!r}, ServeOptions(port={port}, log_level='warning'))")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

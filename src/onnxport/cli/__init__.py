@@ -267,7 +267,7 @@ def serve(path: Annotated[Path, typer.Argument(help="an output folder, a .onnx f
     from onnxport import pipeline
     from onnxport.core.errors import UsageError
     from onnxport.runtime import ops
-    from onnxport.serve import Timeouts, check_limits, discover, listen, require_grpc, run
+    from onnxport.serve import ServeOptions, Timeouts, check_limits, discover, listen, require_grpc, run
 
     # every option is checked before anything is loaded or started
     check_limits(max_batch=max_batch, max_delay_ms=max_delay_ms, max_body_bytes=max_body_mb * 2**20, flags=True)
@@ -298,9 +298,9 @@ def serve(path: Annotated[Path, typer.Argument(help="an output folder, a .onnx f
                 err.print(f"    batching off: {m.source.batching_off}")
 
     try:
-        run(path, host=host, port=port, max_batch=max_batch, max_delay_ms=max_delay_ms,
-            max_body_bytes=int(max_body_mb * 2**20), name=name, sock=sock, grpc_port=grpc_port,
-            runtime=runtime, timeouts=timeouts, on_loaded=loaded)
+        run(path, ServeOptions(host=host, port=port, max_batch=max_batch, max_delay_ms=max_delay_ms,
+                               max_body_bytes=int(max_body_mb * 2**20), name=name, grpc_port=grpc_port,
+                               timeouts=timeouts), sock=sock, runtime=runtime, on_loaded=loaded)
     except KeyboardInterrupt:
         raise typer.Exit(0) from None
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import socket
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,7 +29,7 @@ from onnxport.serve.models import (
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-__all__ = ["serve_app", "run", "listen", "require_grpc", "discover", "signature", "check_limits", "Timeouts",
+__all__ = ["serve_app", "run", "ServeOptions", "listen", "require_grpc", "discover", "signature", "check_limits", "Timeouts",
            "DEFAULT_MAX_BATCH", "DEFAULT_MAX_DELAY_MS", "DEFAULT_MAX_BODY_BYTES", "MAX_BODY_BYTES", "MAX_DELAY_MS"]
 
 MAX_BODY_BYTES = 2**31 - 1  # gRPC's largest message
@@ -91,29 +92,43 @@ def serve_app(path: str | Path, *, max_batch: int | None = None, max_delay_ms: f
                       name=name, runtime=runtime or RuntimeOptions())
 
 
-def run(path: str | Path, host: str = "127.0.0.1", port: int = 8000, *, max_batch: int | None = None,
-        max_delay_ms: float | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        graceful_timeout_s: float = 30.0, log_level: str = "info", name: str | None = None,
-        sock: socket.socket | None = None, grpc_port: int | None = None, runtime: RuntimeOptions | None = None,
-        timeouts: Timeouts = Timeouts(), on_loaded: Callable[[FastAPI], None] | None = None) -> None:
-    """Serve PATH over HTTP (and gRPC on ``grpc_port``, same host, when given) until SIGINT/SIGTERM, then
-    drain: new requests get 503 / UNAVAILABLE, the ones already accepted are answered (up to
+@dataclass(frozen=True)
+class ServeOptions:
+    """How :func:`run` serves: the address, the batching and size limits, the drain time, the log level, the
+    model name for a single file, the gRPC port (None: HTTP only) and the HTTP client timeouts."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_batch: int | None = None
+    max_delay_ms: float | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    graceful_timeout_s: float = 30.0
+    log_level: str = "info"
+    name: str | None = None
+    grpc_port: int | None = None
+    timeouts: Timeouts = Timeouts()
+
+
+def run(path: str | Path, options: ServeOptions = ServeOptions(), *, sock: socket.socket | None = None,
+        runtime: RuntimeOptions | None = None, on_loaded: Callable[[FastAPI], None] | None = None) -> None:
+    """Serve PATH over HTTP (and gRPC on ``options.grpc_port``, same host, when given) until SIGINT/SIGTERM,
+    then drain: new requests get 503 / UNAVAILABLE, the ones already accepted are answered (up to
     ``graceful_timeout_s``) and it returns. ``sock``: a socket already listening on host:port (see
-    :func:`listen`); ``runtime``: the device (default: the CPU) and custom-op libraries; ``timeouts``: how long
-    an HTTP client may take to send headers and body, and stay idle; ``on_loaded(app)``: called once every
-    model has loaded, before serving. Both fronts share the models, their batchers, the metrics and the
-    request size limit."""
-    check_limits(max_batch=max_batch, max_delay_ms=max_delay_ms, max_body_bytes=max_body_bytes, flags=False)
-    timeouts.checked()
-    if grpc_port is not None:
+    :func:`listen`); ``runtime``: the device (default: the CPU) and custom-op libraries; ``on_loaded(app)``:
+    called once every model has loaded, before serving. Both fronts share the models, their batchers, the
+    metrics and the request size limit."""
+    o = options
+    check_limits(max_batch=o.max_batch, max_delay_ms=o.max_delay_ms, max_body_bytes=o.max_body_bytes, flags=False)
+    o.timeouts.checked()
+    if o.grpc_port is not None:
         require_grpc()
-    sock = sock if sock is not None else listen(host, port)
-    app = serve_app(path, max_batch=max_batch, max_delay_ms=max_delay_ms, max_body_bytes=max_body_bytes, name=name,
-                    runtime=runtime)
+    sock = sock if sock is not None else listen(o.host, o.port)
+    app = serve_app(path, max_batch=o.max_batch, max_delay_ms=o.max_delay_ms, max_body_bytes=o.max_body_bytes,
+                    name=o.name, runtime=runtime)
     from onnxport.serve.runner import Server
 
-    server = Server(app, sock, host=host, grpc_port=grpc_port, drain_timeout_s=graceful_timeout_s,
-                    log_level=log_level, timeouts=timeouts)
+    server = Server(app, sock, host=o.host, grpc_port=o.grpc_port, drain_timeout_s=o.graceful_timeout_s,
+                    log_level=o.log_level, timeouts=o.timeouts)
     if on_loaded is not None:
         on_loaded(app)
     server.run()
