@@ -16,10 +16,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from onnxport.core.errors import EnvironmentProblem, UsageError
-from onnxport.runtime.sessions import CUDA, OPT_LEVELS, BoundRunner, session
+from onnxport.runtime.sessions import CUDA, BoundRunner, OrtOptions, session
 from onnxport.sources.base import LoadedModel
-
-EXECUTION_MODES = ("sequential", "parallel")
 
 
 @dataclass(frozen=True)
@@ -122,29 +120,6 @@ _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(
               "tensor(uint8)": "uint8", "tensor(bool)": "bool", "tensor(bfloat16)": "bfloat16"}
 
 
-@dataclass(frozen=True)
-class OrtOptions:
-    """ONNX Runtime session options that matter for speed (None = ONNX Runtime's default)."""
-
-    intra_op_num_threads: int | None = None
-    inter_op_num_threads: int | None = None
-    execution_mode: str = "sequential"
-    graph_optimization_level: str = "all"
-    enable_mem_pattern: bool | None = None
-    enable_cpu_mem_arena: bool | None = None
-
-    def __post_init__(self) -> None:
-        if self.execution_mode not in EXECUTION_MODES:
-            raise UsageError(f"unknown execution mode '{self.execution_mode}'", "use sequential or parallel")
-        if self.graph_optimization_level not in OPT_LEVELS:
-            raise UsageError(f"unknown graph optimization level '{self.graph_optimization_level}'",
-                             f"use one of {', '.join(OPT_LEVELS)}")
-
-    @classmethod
-    def from_dict(cls, d: dict) -> OrtOptions:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
-
-
 def _bound_device(sess, providers: list | None) -> tuple[str, int]:
     """(device, device id) IO binding places a session's inputs and outputs on: CUDA's when the session really
     runs on it (the id from the asked-for ``providers``), else the CPU."""
@@ -178,9 +153,7 @@ class OrtBackend:
     def _open_session(self):
         o = self.options
         return session(self.path, providers=self.providers, threads=self.threads,
-                       opt_level=o.graph_optimization_level, inter_op_threads=o.inter_op_num_threads,
-                       execution_mode=o.execution_mode, enable_mem_pattern=o.enable_mem_pattern,
-                       enable_cpu_mem_arena=o.enable_cpu_mem_arena)
+                       opt_level=o.graph_optimization_level, options=o)
 
     def open(self) -> None:
         self.session = self._open_session()

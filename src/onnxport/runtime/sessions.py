@@ -16,6 +16,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -144,17 +145,41 @@ def strict_fp32() -> Iterator[None]:
 # --------------------------------------------------------------------------- sessions
 
 
+EXECUTION_MODES = ("sequential", "parallel")
+
+
+@dataclass(frozen=True)
+class OrtOptions:
+    """ONNX Runtime session options that matter for speed (None = ONNX Runtime's default)."""
+
+    intra_op_num_threads: int | None = None
+    inter_op_num_threads: int | None = None
+    execution_mode: str = "sequential"
+    graph_optimization_level: str = "all"
+    enable_mem_pattern: bool | None = None
+    enable_cpu_mem_arena: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.execution_mode not in EXECUTION_MODES:
+            raise UsageError(f"unknown execution mode '{self.execution_mode}'", "use sequential or parallel")
+        if self.graph_optimization_level not in OPT_LEVELS:
+            raise UsageError(f"unknown graph optimization level '{self.graph_optimization_level}'",
+                             f"use one of {', '.join(OPT_LEVELS)}")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> OrtOptions:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
 def session(source: str | Path | onnx.ModelProto, *, providers: list | None = None, threads: int | None = None,
-            opt_level: str = "all", log_severity: int = 3, inter_op_threads: int | None = None,
-            execution_mode: str | None = None, enable_mem_pattern: bool | None = None,
-            enable_cpu_mem_arena: bool | None = None, log_sink: list[str] | None = None,
-            keep_verbose: bool = False):
+            opt_level: str = "all", options: OrtOptions | None = None, log_severity: int = 3,
+            log_sink: list[str] | None = None, keep_verbose: bool = False):
     """An InferenceSession on ``source`` (a file, or a model held in memory; ``providers``: a provider chain,
     default the CPU; ORT_ENABLE_ALL unless told otherwise).
 
-    ``inter_op_threads``, ``execution_mode`` ("sequential"/"parallel"), ``enable_mem_pattern`` and
-    ``enable_cpu_mem_arena`` keep ONNX Runtime's defaults when None. Registered custom-op libraries and
-    Python implementations (custom_ops) are loaded into every session.
+    ``options``: the inter-op threads, execution mode, memory pattern and CPU arena to set (None: ONNX
+    Runtime's defaults; ``threads`` and ``opt_level`` are given on their own). Registered custom-op libraries
+    and Python implementations (custom_ops) are loaded into every session.
 
     With ``log_sink`` a session is created with verbose logging, everything written while it is created
     (file descriptors 1 and 2) is appended to the sink (see :func:`placement`), and the session returned is
@@ -163,8 +188,10 @@ def session(source: str | Path | onnx.ModelProto, *, providers: list | None = No
     a caller that reads it and drops it). What onnxruntime prints on stdout while a session is created (its "EP Error"
     fallback notice) never reaches stdout: it goes to the sink, else to stderr.
     """
-    kw = dict(threads=threads, opt_level=opt_level, inter_op_threads=inter_op_threads, execution_mode=execution_mode,
-              enable_mem_pattern=enable_mem_pattern, enable_cpu_mem_arena=enable_cpu_mem_arena)
+    kw: dict = dict(threads=threads, opt_level=opt_level)
+    if options is not None:
+        kw.update(inter_op_threads=options.inter_op_num_threads, execution_mode=options.execution_mode,
+                  enable_mem_pattern=options.enable_mem_pattern, enable_cpu_mem_arena=options.enable_cpu_mem_arena)
     try:
         if log_sink is None:
             return _open(source, providers, log_severity, None, **kw)
