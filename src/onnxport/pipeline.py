@@ -1,10 +1,11 @@
 """The stage sequence: load → export → check → prove (→ localize) → optimize → bench, with the report
 written at each checkpoint. The façades in api.py call into it.
 
-A run is a list of :class:`Stage` records per model kind — :data:`EXPORT_STAGES` (a model exported here),
-:data:`ADOPTED_STAGES` (an ONNX file given to ``compare``/``optimize``/``bench``), :data:`DECODER_STAGES` (a
-causal LM with its KV cache), :data:`SEQ2SEQ_STAGES` (an encoder-decoder) — run by :func:`run_stages` on one
-:class:`Run`, which carries the run's :class:`~onnxport.core.options.Options` and the records made so far."""
+A run is the list of :class:`Stage` records of its model family (:mod:`onnxport.families`: the family
+:func:`run_pipeline` detects brings its stages, refusals and loader; this module's :data:`FAMILY` is the plain
+model, :data:`EXPORT_STAGES`) or :data:`ADOPTED_STAGES` (an ONNX file given to ``compare``/``optimize``/``bench``),
+run by :func:`run_stages` on one :class:`Run`, which carries the run's :class:`~onnxport.core.options.Options`
+and the records made so far."""
 
 from __future__ import annotations
 
@@ -13,12 +14,11 @@ import dataclasses
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from onnxport import decoder, diagnose, optimize, report, rootcause, runtime, seq2seq
+from onnxport import diagnose, families, optimize, report, rootcause, runtime
 from onnxport.bench import run as bench_run
 from onnxport.bench import sizes_at
 from onnxport.core import signals
@@ -36,19 +36,17 @@ from onnxport.core.outdir import RESULT_FILES, check_out, output_folder
 from onnxport.core.records import BatchInvariance, ExportResult, Failure
 from onnxport.core.samples import sweep_cases, validation_cases
 from onnxport.core.spec import Dim, InputSpec
-from onnxport.decoder.applies import refuse_for_decoder
-from onnxport.decoder.tokenizer import save_tokenizer
 from onnxport.exporters import functions
-from onnxport.exporters.chain import Candidates
 from onnxport.exporters.chain import candidates as export_candidates
 from onnxport.exporters.strategies import CONTROL_FLOW
+from onnxport.families import Family, Run, Stage
 from onnxport.prove import batching, branches, localize
 from onnxport.prove import compare as judging
 from onnxport.prove import samples as proving_samples
 from onnxport.prove.check import check
 from onnxport.prove.parity import compare
 from onnxport.prove.references import Refs, references
-from onnxport.report.build import Outcome, build_report, status_of
+from onnxport.report.build import Outcome, build_report
 from onnxport.runtime import ops
 from onnxport.sources import datasets, parse_model_args
 from onnxport.sources.base import LoadedModel
@@ -61,65 +59,6 @@ def use_runtime(options: RuntimeOptions) -> None:
     runtime.check_device(options.device)
     for lib in options.custom_op_libraries:
         ops.add_library(lib)
-
-
-# --------------------------------------------------------------------------- the state of one run
-
-
-@dataclass(frozen=True)
-class Run:
-    """What one run carries from stage to stage: its options, the loaded model and output folder, and the
-    records made so far (``outcome``: the report's records, None before the first one). A stage returns a
-    new Run; ``stopped`` ends the run after it (an export that failed: nothing left to prove)."""
-
-    options: Options
-    loaded: LoadedModel
-    out: Path
-    progress: Progress = noop
-    timings: dict[str, float] = field(default_factory=dict)  # the finer timings (load, check, parity, …)
-    samples: datasets.SampleSet | None = None
-    work: Path | None = None  # a scratch folder in OUT, removed at the end
-    source_file: Path | None = None  # compare/optimize/bench: the user's ONNX file, proven in place
-    result: ExportResult | None = None
-    outcome: Outcome | None = None
-    sample_refs: proving_samples.SampleRefs | None = None
-    references: Refs | None = None  # PyTorch's outputs on the proof's cases (the variants are judged on them)
-    model_file: Path | None = None  # where the proven (or unproven) export now lies
-    stopped: bool = False
-    candidates: Candidates | None = None  # auto: the exporter chain, asked for its next file when one is not proven
-
-    def but(self, **changes: Any) -> Run:
-        return dataclasses.replace(self, **changes)
-
-    @property
-    def proven(self) -> bool:
-        o = self.outcome
-        return (o is not None and self.result is not None
-                and status_of(self.result, o.check, o.parity, o.diagnostics) == "ok")
-
-    @property
-    def device(self) -> str:
-        return self.options.runtime.device
-
-    def providers(self) -> list:
-        """The provider chain of the run's device (ONNX Runtime's CPU provider on the CPU)."""
-        return runtime.runtime_providers(self.options.runtime)
-
-
-Step = Callable[[Run], Run]
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One stage of a run: its name, what it does, whether the report is written after it, when it applies
-    (default: always), and whether its seconds go to the report's timings under its name (stages that time
-    their own parts — export, check, parity, localize — say False)."""
-
-    name: str
-    step: Step
-    checkpoint: bool = False
-    applies: Callable[[Run], bool] = lambda run: True
-    timed: bool = True
 
 
 def run_stages(stages: Sequence[Stage], run: Run) -> dict:
@@ -151,29 +90,36 @@ def _write(outcome: Outcome, out: Path) -> dict:
 
 
 def run_pipeline(source: str, out: str | Path, options: Options = Options(), progress: Progress = noop) -> dict:
-    """Load ``source`` and run every stage ``options`` asks for into ``out``; returns the report."""
-    if seq2seq.wants_seq2seq(source, options.load.task) and not options.load.inputs:  # docs/seq2seq.md
-        use_runtime((options := seq2seq.checked(options.checked())).runtime)
-        with _loaded_into(out, source, options, progress, False, load=seq2seq.load, **_load_kw(options.load)) as run:
-            return run_stages(SEQ2SEQ_STAGES, run)
-    wants_cache = decoder.wants_cache(source, options.load.task) and not options.load.inputs
-    options = _variants_of(options.checked(), optimize.DECODER if wants_cache else optimize.MODEL)
-    if wants_cache:
-        refuse_for_decoder(options)  # before the (slow) load
-    use_runtime(options.runtime)
-    if wants_cache:
-        with _loaded_into(out, source, options, progress, check_seq=False,
-                          task="text-generation", **_load_kw(options.load, task=False)) as run:
-            return run_stages(DECODER_STAGES, run)
-    if options.export.max_length is not None:
-        raise UsageError("--max-length applies to causal language models exported with their KV cache "
-                         "(hf:DIR of a *ForCausalLM, without --input)", "drop --max-length")
-    with _loaded_into(out, source, options, progress, **_load_kw(options.load)) as run:
+    """Load ``source`` and run every stage ``options`` asks for into ``out``; returns the report. The model's
+    family (:func:`onnxport.families.detect`) checks the options it refuses before the (slow) load, loads the
+    model and brings the stages."""
+    family = families.detect(source, options.load.task, bool(options.load.inputs))
+    options = options.checked()
+    if family.variant_kind is not None:
+        options = _variants_of(options, family.variant_kind)
+    if family.device_first:
+        use_runtime(options.runtime)
+    options = family.refuse(options)  # before the (slow) load
+    if not family.device_first:
+        use_runtime(options.runtime)
+    with _loaded_into(out, source, options, progress, family.check_seq, **_family_load_kw(family, options.load)) as run:
+        if not family.scratch:
+            return run_stages(family.stages, run)
         run = run.but(work=Path(tempfile.mkdtemp(prefix=".onnxport-", dir=run.out)))
         try:
-            return run_stages(EXPORT_STAGES, run)
+            return run_stages(family.stages, run)
         finally:
             shutil.rmtree(run.work, ignore_errors=True)
+
+
+def _family_load_kw(family: Family, load: LoadOptions) -> dict[str, Any]:
+    """The loader's keywords for ``family``: the load options, its own task and its own loader when it has them."""
+    kw = _load_kw(load, task=family.load_task is None)
+    if family.load_task is not None:
+        kw["task"] = family.load_task
+    if family.load is not None:
+        kw["load"] = family.load
+    return kw
 
 
 def compare_file(source: str, onnx_path: str | Path, out: str | Path, options: Options = Options(),
@@ -430,26 +376,16 @@ EXPORT_STAGES: tuple[Stage, ...] = (
 ADOPTED_STAGES: tuple[Stage, ...] = (Stage("adopt", _adopt, timed=False), *EXPORT_STAGES[1:])
 
 
-def _decoder(run: Run) -> Run:
-    """A causal LM: one ONNX model with the KV cache as inputs and outputs, proven step by step and by greedy
-    generation against ``model.generate`` (:mod:`onnxport.decoder`), and its variants when asked for."""
-    o = run.options
-    max_length = o.export.max_length or decoder.MAX_LENGTH
-    made = decoder.run_model(run.loaded.model, run.out, opset=o.export.opset, tolerance=o.proof.tolerance,
-                             progress=run.progress, max_length=max_length,
-                             new_tokens=max(1, min(decoder.prove.NEW_TOKENS, max_length - 4)),
-                             variants=o.optimize.variants, budget_s=o.optimize.budget,
-                             threads=o.bench.threads if o.bench is not None else None, seq=o.optimize.seq)
-    diags = list(run.loaded.diagnostics)
-    if save_tokenizer(run.loaded.source.split(":", 1)[1], run.out) is not None:  # generate takes and gives text
-        diags.append(info("tokenizer-copied", "the model's tokenizer is in tokenizer/: serve's generate "
-                                              "endpoint takes and returns text"))
-    outcome = decoder.to_outcome(made, run.loaded, o.command, diags, run.timings).but(log=o.log_name)
-    return run.but(outcome=outcome.but(diagnostics=tuple(rootcause.rank(outcome.diagnostics, outcome.parity))))
+def _plain_options(options: Options) -> Options:
+    """``options`` when the plain export takes them all (--max-length is the cached families')."""
+    if options.export.max_length is not None:
+        raise UsageError("--max-length applies to causal language models exported with their KV cache "
+                         "(hf:DIR of a *ForCausalLM, without --input)", "drop --max-length")
+    return options
 
 
-DECODER_STAGES: tuple[Stage, ...] = (Stage("export_and_proof", _decoder, checkpoint=True),)
-SEQ2SEQ_STAGES: tuple[Stage, ...] = (Stage("export_and_proof", seq2seq.stage, checkpoint=True),)
+FAMILY = Family("model", EXPORT_STAGES, refuse=_plain_options, device_first=True, variant_kind=optimize.MODEL,
+                scratch=True)  # the plain model: any source no other family takes, or given --input
 
 
 def _bench_backends(run: Run) -> tuple[dict[str, Path], list]:

@@ -12,6 +12,8 @@ from onnxport.prove.check import check
 from onnxport.report.build import Outcome
 from onnxport.sources.base import LoadedModel
 
+SECTION = "decoder"  # report.json's section of the family's own records
+
 
 def _case(c: StepCase, kv_heads: int, head_dim: int) -> CaseResult:
     label = f"batch {c.batch}, past {c.past}, {c.new} new"
@@ -97,4 +99,4 @@ def to_outcome(dec: DecoderOutcome, loaded: LoadedModel, command: str | None, di
     cases = tuple(_case(c, dec.layout.kv_heads, dec.layout.head_dim) for c in dec.proof.cases)
     parity = ParityResult(dec.proof.passed, dec.proof.tolerance, cases)
     return Outcome(loaded, command, tuple(diags) + tuple(diagnostics(dec)), dict(timings), export=result,
-                   check=check(dec.path), parity=parity, model_path=dec.path.name, decoder=dec)
+                   check=check(dec.path), parity=parity, model_path=dec.path.name, sections={SECTION: dec})

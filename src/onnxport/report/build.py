@@ -33,7 +33,7 @@ from onnxport.sources.base import LoadedModel
 
 
 class Section(Protocol):
-    """A record a layer above this one makes for its own report section (the decoder's DecoderOutcome)."""
+    """A record a model family makes for its own report.json section (``Outcome.sections``)."""
 
     def to_dict(self) -> dict: ...
 
@@ -91,8 +91,7 @@ class Outcome:
     samples: SampleProof | None = None  # the export on the user's --samples
     log: str | None = None  # the file beside report.json holding what the libraries printed (the CLI writes it)
     custom_functions: tuple[Any, ...] = ()  # autograd.Functions with symbolic() the export found (CustomFunction)
-    decoder: Section | None = None  # a causal LM with its KV cache (decoder.DecoderOutcome): layout, tries, cases...
-    seq2seq: Section | None = None  # an encoder-decoder with its cache (seq2seq.Seq2SeqOutcome): three files
+    sections: Mapping[str, Section] = field(default_factory=dict)  # a family's own report sections, by key
 
     def but(self, **changes: Any) -> Outcome:
         """A copy with ``changes`` (the next checkpoint)."""
@@ -172,10 +171,8 @@ def build_report(o: Outcome) -> dict:
                                                  "timed_at": o.optimized.timed_at,
                                                  "judged_on": o.optimized.judged_on,
                                                  "session_options": dict(best.session_options or {})}
-    if o.decoder is not None:
-        rep["decoder"] = o.decoder.to_dict()
-    if o.seq2seq is not None:
-        rep["seq2seq"] = o.seq2seq.to_dict()
+    for name, section in o.sections.items():  # the records a family keeps that the contract has no field for
+        rep[name] = section.to_dict()
     if o.log:
         rep["log"] = o.log
     rep["summary"] = summary_sentence(rep)

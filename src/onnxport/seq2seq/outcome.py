@@ -13,6 +13,8 @@ from onnxport.report.build import Outcome
 from onnxport.seq2seq.records import Seq2SeqCase, Seq2SeqOutcome
 from onnxport.sources.base import LoadedModel
 
+SECTION = "seq2seq"  # report.json's section of the family's own records
+
 
 def _case(c: Seq2SeqCase, heads: int, head_dim: int) -> CaseResult:
     label = (f"batch {c.batch}, source {c.source}{' (padded rows)' if c.padded else ''}, past {c.past}, "
@@ -58,4 +60,4 @@ def to_outcome(made: Seq2SeqOutcome, loaded: LoadedModel, command: str | None, d
     cases = tuple(_case(c, made.layout.heads, made.layout.head_dim) for c in made.proof.cases)
     parity = ParityResult(made.proof.passed, made.proof.tolerance, cases)
     return Outcome(loaded, command, tuple(diags) + tuple(diagnostics(made)), dict(timings), export=result,
-                   check=check(path), parity=parity, model_path=path.name, seq2seq=made)
+                   check=check(path), parity=parity, model_path=path.name, sections={SECTION: made})

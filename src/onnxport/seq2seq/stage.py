@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
 
 from onnxport import rootcause
 from onnxport.core.diagnostics import Diagnostic, info
@@ -13,6 +12,7 @@ from onnxport.core.options import Options
 from onnxport.decoder.applies import bench_label
 from onnxport.decoder.records import DecoderVariants
 from onnxport.decoder.tokenizer import save_tokenizer
+from onnxport.families import Run
 from onnxport.seq2seq.flow import MAX_LENGTH, run_model
 from onnxport.seq2seq.outcome import to_outcome
 from onnxport.seq2seq.prove import NEW_TOKENS
@@ -72,8 +72,8 @@ def checked(options: Options) -> Options:
     return options
 
 
-def stage(run: Any) -> Any:
-    """An encoder-decoder (``run``: the pipeline's Run): ``encoder_model.onnx``, ``decoder_model.onnx`` and
+def stage(run: Run) -> Run:
+    """An encoder-decoder : ``encoder_model.onnx``, ``decoder_model.onnx`` and
     ``decoder_with_past_model.onnx`` with the cache, proven step by step and by greedy generation against
     ``model.generate`` (:mod:`onnxport.seq2seq`); the tokenizer (and a speech model's feature extractor) copied
     beside them."""

@@ -1,0 +1,25 @@
+"""The decoder family's registration (docs/architecture.md, "Model families"): a causal LM in ``hf:DIR``
+exported with its KV cache."""
+
+from __future__ import annotations
+
+from onnxport.core.options import Options
+from onnxport.decoder.applies import refuse_for_decoder
+from onnxport.decoder.flow import wants_cache
+from onnxport.decoder.outcome import SECTION
+from onnxport.decoder.stage import stage
+from onnxport.families import Family, Stage
+from onnxport.optimize import DECODER
+
+
+def _refused(options: Options) -> Options:
+    """``options`` when a decoder takes them all; else a UsageError naming the option and why."""
+    refuse_for_decoder(options)
+    return options
+
+
+FAMILY = Family(
+    "decoder", (Stage("export_and_proof", stage, checkpoint=True),), detects=wants_cache, refuse=_refused,
+    load_task="text-generation", check_seq=False, variant_kind=DECODER, section=SECTION,
+    generator="onnxport.serve.generate:decoder_generator",
+)

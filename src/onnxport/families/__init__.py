@@ -1,0 +1,31 @@
+"""The model families (docs/architecture.md, "Model families"): a :class:`Family` record per kind of model —
+how it is detected, the options it refuses, how it loads, its stages, its variant kind, its report section and
+the generator the server uses — and the :class:`Run`/:class:`Stage` its stages are written against. Below the
+families' packages and above the report, so that pipeline, report readers and serve ask it instead of naming
+a family."""
+
+from onnxport.families.registry import (
+    FAMILY_MODULES,
+    Family,
+    detect,
+    families,
+    get,
+    register,
+    sections,
+    unregister,
+)
+from onnxport.families.run import Run, Stage, Step
+
+__all__ = [
+    "FAMILY_MODULES",
+    "Family",
+    "Run",
+    "Stage",
+    "Step",
+    "detect",
+    "families",
+    "get",
+    "register",
+    "sections",
+    "unregister",
+]
