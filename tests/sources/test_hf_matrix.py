@@ -26,7 +26,8 @@ BACKBONE = dict(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_typ
 DETR = dict(use_timm_backbone=False, use_pretrained_backbone=False, d_model=32, encoder_layers=1, decoder_layers=1,
             encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=37, decoder_ffn_dim=37,
             num_queries=5)
-SEQ2SEQ = dict(vocab_size=99, max_position_embeddings=64, d_model=32, encoder_layers=1, decoder_layers=1,
+LONG = 128  # generation models hold the decoder path's default --max-length (128 tokens)
+SEQ2SEQ = dict(vocab_size=99, max_position_embeddings=LONG, d_model=32, encoder_layers=1, decoder_layers=1,
                encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=37, decoder_ffn_dim=37)
 GPT2 = dict(vocab_size=99, n_positions=64, n_embd=32, n_layer=1, n_head=2)
 
@@ -79,7 +80,8 @@ MATRIX: dict[str, tuple[Callable[[], torch.nn.Module], tuple[str, ...] | str]] =
     "mobilevit": (lambda: _lively(T.MobileViTForImageClassification(T.MobileViTConfig(
         image_size=32, hidden_sizes=[16, 16, 16], neck_hidden_sizes=[8, 8, 8, 8, 8, 8, 16],
         num_attention_heads=2))), PIXELS),
-    "efficientnet": (lambda: _lively(T.EfficientNetForImageClassification(T.EfficientNetConfig(**EFFICIENT))),
+    "efficientnet": (lambda: _lively(T.EfficientNetForImageClassification(T.EfficientNetConfig(
+        **{**EFFICIENT, "hidden_dim": 128}))),  # the width of its top conv: 1280 x 0.1
                      PIXELS),
     "regnet": (lambda: T.RegNetForImageClassification(T.RegNetConfig(
         embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], groups_width=8)), PIXELS),
@@ -110,11 +112,12 @@ MATRIX: dict[str, tuple[Callable[[], torch.nn.Module], tuple[str, ...] | str]] =
     "yolos": (lambda: T.YolosForObjectDetection(T.YolosConfig(
         image_size=[32, 32], patch_size=8, num_detection_tokens=5, **TINY)), PIXELS),
     # generation: the decoder / encoder-decoder export with the cache
-    "gpt2": (lambda: T.GPT2LMHeadModel(T.GPT2Config(**GPT2)), CAUSAL),
+    "gpt2": (lambda: T.GPT2LMHeadModel(T.GPT2Config(**{**GPT2, "n_positions": LONG})), CAUSAL),
     "llama": (lambda: T.LlamaForCausalLM(T.LlamaConfig(
-        vocab_size=99, max_position_embeddings=64, num_key_value_heads=1, **TINY)), CAUSAL),
-    "t5": (lambda: T.T5ForConditionalGeneration(T.T5Config(
-        vocab_size=99, d_model=32, d_kv=16, d_ff=37, num_layers=1, num_heads=2)), ENC_DEC),
+        vocab_size=99, max_position_embeddings=LONG, num_key_value_heads=1, **TINY)), CAUSAL),
+    "t5": (lambda: T.T5ForConditionalGeneration(T.T5Config(  # the start, pad and end tokens real T5 configs name
+        vocab_size=99, d_model=32, d_kv=16, d_ff=37, num_layers=1, num_heads=2, decoder_start_token_id=0,
+        pad_token_id=0, eos_token_id=1)), ENC_DEC),
     "bart": (lambda: T.BartForConditionalGeneration(T.BartConfig(**SEQ2SEQ)), ENC_DEC),
 }
 
@@ -144,7 +147,10 @@ def test_saved_directory_is_exported_and_proven(name, tmp_path):
     assert rep["status"] == "ok", rep["summary"]
     expected = MATRIX[name][1]
     if isinstance(expected, str):  # generation: step cases and greedy generation proven against PyTorch
-        assert rep[expected]["proof"]["passed"], rep[expected]["proof"]
+        proof = rep[expected]["proof"]
+        assert proof["passed"] and all(c["passed"] for c in proof["cases"]), proof
+        sizes = {k: {c[k] for c in proof["cases"]} for k in ("batch", "source", "past", "new") if k in proof["cases"][0]}
+        assert max(len(v) for v in sizes.values()) >= 2, sizes  # a dim proven at two sizes or more
         return
     assert [i["name"] for i in rep["export"]["inputs"]] == list(expected)
     dims = rep["check"]["dynamic_dims"]
