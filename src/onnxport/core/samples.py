@@ -55,6 +55,8 @@ def make_inputs(specs: tuple[InputSpec, ...], sizes: dict[str, int], values: str
             t = torch.randint(lo, hi + 1, shape, generator=g, dtype=torch.int64)
             if values == "edge" and t.numel():
                 t = _edge_ints(t, lo, hi)
+            if s.name == "bbox" and len(shape) and shape[-1] == 4:  # boxes: x0 <= x1, y0 <= y1 (LayoutLM)
+                t = torch.cat([torch.minimum(t[..., :2], t[..., 2:]), torch.maximum(t[..., :2], t[..., 2:])], -1)
             t = t.to(dtype)
         else:
             t = torch.randn(shape, generator=g, dtype=torch.float32)
