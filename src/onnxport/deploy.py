@@ -9,14 +9,15 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from onnxport import families
 from onnxport.core.errors import UsageError
 from onnxport.core.onnxfile import external_data_files
 from onnxport.decoder.processors import PROCESSORS_FILE
-from onnxport.seq2seq.records import FEATURE_EXTRACTOR_FILE, FILES, WITH_PAST_FILE
+from onnxport.seq2seq.records import FEATURE_EXTRACTOR_FILE, FILES
 from onnxport.serve.models import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_DELAY_MS,
-    SEQ2SEQ_LAYOUT_FILE,
+    layout_file,
     read_report,
     served_file,
     session_options_from_tuned,
@@ -135,7 +136,7 @@ def triton_repository(out_or_onnx: str | Path, repo_dir: str | Path, *, name: st
             raise UsageError(f"{model_dir} already exists", "pass --force to replace it, or choose another --name")
         if not model_dir.is_dir():
             raise UsageError(f"{model_dir} exists and is not a folder", "remove it or choose another --name")
-    if onnx_path.name == WITH_PAST_FILE and Path(out_or_onnx).is_dir():
+    if _served_with_others(onnx_path) and Path(out_or_onnx).is_dir():
         return _seq2seq_repository(Path(out_or_onnx), onnx_path, name, model_dir, instance_count, gpu,
                                    options.get("threads"))
     sig = read_signature(onnx_path)
@@ -183,6 +184,12 @@ def _copy_onnx(onnx_path: Path, target: Path) -> None:
         shutil.copy2(data, dst)
 
 
+def _served_with_others(onnx_path: Path) -> bool:
+    """Whether ``onnx_path`` is the served one of a family's several files (an encoder-decoder's decoder with
+    past): its entry is the python backend's."""
+    return any(f.files and onnx_path.name == f.files[-1] for f in families.families())
+
+
 def _seq2seq_layout(out: Path) -> dict:
     """report.json's ``seq2seq.layout`` of an encoder-decoder's output folder (UsageError when missing)."""
     try:
@@ -214,7 +221,7 @@ def _seq2seq_repository(out: Path, with_past: Path, name: str, model_dir: Path, 
                                             .read_text(encoding="utf-8"), encoding="utf-8")
         (tmp / "1" / PROCESSORS_FILE).write_text(resources.files("onnxport.decoder").joinpath("processors.py")
                                                  .read_text(encoding="utf-8"), encoding="utf-8")
-        (tmp / "1" / SEQ2SEQ_LAYOUT_FILE).write_text(json.dumps(layout, indent=2) + "\n", encoding="utf-8")
+        (tmp / "1" / layout_file(families.get("seq2seq"))).write_text(json.dumps(layout, indent=2) + "\n", encoding="utf-8")
         if (out / "tokenizer").is_dir():  # serve REPO's generate takes text with it
             shutil.copytree(out / "tokenizer", tmp / "1" / "tokenizer")
         if (out / FEATURE_EXTRACTOR_FILE).is_file():  # ... and audio with this

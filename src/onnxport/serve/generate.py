@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from onnxport import families
 from onnxport.core.errors import UsageError
 from onnxport.decoder.generation import check_room, stream_greedy
 from onnxport.decoder.processors import GreedyRules
@@ -140,11 +141,21 @@ def decoder_layout(sig: Signature, report_layout: object = None) -> CacheLayout 
 
 
 def load_generator(sig: Signature, onnx_path: Path, report_layout: object = None) -> Generator | None:
+    """The generator of a served model that generates (None for any other model): the one the first model
+    family's ``generator`` builds for it (:mod:`onnxport.families`)."""
+    for family in families.families():
+        make = family.generator_function()
+        if make is not None and (gen := make(sig, onnx_path, report_layout)) is not None:
+            return gen
+    return None
+
+
+def decoder_generator(sig: Signature, onnx_path: Path, report_layout: object = None) -> Generator | None:
     """The generator of a served decoder (None when the model is no decoder), with the tokenizer saved in
     ``tokenizer/`` beside its ONNX file."""
     layout = decoder_layout(sig, report_layout)
     if layout is None:
-        return seq2seq_generator(sig, onnx_path, report_layout)
+        return None
     return Generator(layout, load_tokenizer(onnx_path.parent))
 
 

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onnxport import families
 from onnxport.core.errors import UsageError, one_line
 from onnxport.prove.check import check
 from onnxport.runtime.sessions import OPT_LEVELS
-from onnxport.seq2seq.records import FILES, WITH_PAST_FILE
 
 # numpy dtype name -> Open Inference Protocol datatype
 OIP_DATATYPES = {
@@ -27,7 +27,12 @@ DEFAULT_MAX_BATCH = 32
 DEFAULT_MAX_DELAY_MS = 2.0
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 VARIANTS_DIR = "variants"  # OUT/variants/<name>/: convert's optimized variants
-SEQ2SEQ_LAYOUT_FILE = "seq2seq.json"  # an encoder-decoder's layout beside its python-backend model.py (triton)
+
+
+def layout_file(family: families.Family) -> str:
+    """The file holding a family's layout beside its python-backend model.py in a repository entry (triton):
+    ``seq2seq.json`` for an encoder-decoder."""
+    return f"{family.section}.json"
 
 
 @dataclass(frozen=True)
@@ -172,8 +177,8 @@ def _from_output_folder(out: Path) -> ModelSource:
         bench = report.get("benchmark")
         if isinstance(bench, dict):
             options = session_options_from_tuned(bench.get("tuned"))
-        decoder = report.get("decoder") or report.get("seq2seq")
-        layout = decoder.get("layout") if isinstance(decoder, dict) else None
+        section = next((report[key] for key in families.sections() if report.get(key)), None)
+        layout = section.get("layout") if isinstance(section, dict) else None
         best = report.get("best")
         proven = best.get("session_options") if isinstance(best, dict) and onnx_path.name == "best.onnx" else None
         constrained = _constrained_dims(report)
@@ -187,27 +192,15 @@ def _from_output_folder(out: Path) -> ModelSource:
 
 def served_file(out: Path, report: object = None) -> Path | None:
     """The file ``serve OUT/`` and ``triton OUT/`` take from an output folder (None when it holds none):
-    ``best.onnx`` (the best variant convert chose, copied there), else ``model.onnx``. An encoder-decoder's
-    folder (docs/seq2seq.md) is served by its decoder with past, the file every generated token runs (the
-    encoder and the first step are opened beside it): the one in ``variants/<name>/`` when report.json's
-    ``seq2seq.variants.best`` names a variant whose three files are there, else the proven one."""
+    ``best.onnx`` (the best variant convert chose, copied there), else ``model.onnx``, else the one its model
+    family serves (``Family.served``: an encoder-decoder's decoder with past, docs/seq2seq.md)."""
     for name in ("best.onnx", "model.onnx"):
         if (out / name).is_file():
             return out / name
-    proven = out / WITH_PAST_FILE  # an unproven export keeps *.unverified.onnx names
-    if not proven.is_file():
-        return None
-    return _seq2seq_best(out, report) or proven
-
-
-def _seq2seq_best(out: Path, report: object) -> Path | None:
-    section = report.get("seq2seq") if isinstance(report, dict) else None
-    variants = section.get("variants") if isinstance(section, dict) else None
-    best = variants.get("best") if isinstance(variants, dict) else None
-    if not isinstance(best, str) or best == "export" or _model_name(best) != best:
-        return None
-    folder = out / VARIANTS_DIR / best
-    return folder / WITH_PAST_FILE if all((folder / f).is_file() for f in FILES) else None
+    for family in families.families():
+        if family.served is not None and (found := family.served(out, report)) is not None:
+            return found
+    return None
 
 
 def output_folder(path: Path) -> Path:
@@ -262,8 +255,10 @@ def _config_parameter(text: str, key: str) -> str | None:
 def _from_repository_entry(entry: Path) -> ModelSource | None:
     config_path = entry / "config.pbtxt"
     text = config_path.read_text(encoding="utf-8") if config_path.is_file() else ""
-    if _config_value(text, "backend") == "python" and (found := _seq2seq_entry(entry, text)) is not None:
-        return found
+    if _config_value(text, "backend") == "python":
+        found = next((m for f in families.families() if f.files and (m := _family_entry(entry, text, f))), None)
+        if found is not None:
+            return found
     filename = _config_value(text, "default_model_filename") or "model.onnx"
     versions = sorted((int(v.name) for v in entry.iterdir()
                        if v.is_dir() and v.name.isdigit() and (v / filename).is_file()), reverse=True)
@@ -296,20 +291,22 @@ def _from_repository_entry(entry: Path) -> ModelSource | None:
                        session_options=options, proven_options=proven)
 
 
-def _seq2seq_entry(entry: Path, text: str) -> ModelSource | None:
-    """A python-backend entry ``onnxport triton`` wrote for an encoder-decoder (its newest version folder holds
-    the three files and ``seq2seq.json``): served by its decoder with past, with generate."""
+def _family_entry(entry: Path, text: str, family: families.Family) -> ModelSource | None:
+    """A python-backend entry ``onnxport triton`` wrote for a family served from several files (an
+    encoder-decoder: its newest version folder holds the three files and ``seq2seq.json``): served by the last
+    of its files (the decoder with past), with generate."""
+    name = layout_file(family)
     versions = sorted((int(v.name) for v in entry.iterdir() if v.is_dir() and v.name.isdigit()
-                       and (v / SEQ2SEQ_LAYOUT_FILE).is_file() and all((v / f).is_file() for f in FILES)), reverse=True)
+                       and (v / name).is_file() and all((v / f).is_file() for f in family.files)), reverse=True)
     if not versions:
         return None
     folder = entry / str(versions[0])
     try:
-        layout = json.loads((folder / SEQ2SEQ_LAYOUT_FILE).read_text(encoding="utf-8"))
+        layout = json.loads((folder / name).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise UsageError(f"{folder / SEQ2SEQ_LAYOUT_FILE} is not valid JSON: {e}", "run onnxport triton again") from None
+        raise UsageError(f"{folder / name} is not valid JSON: {e}", "run onnxport triton again") from None
     threads = _config_parameter(text, "intra_op_thread_count")
-    return ModelSource(_config_value(text, "name") or entry.name, str(versions[0]), folder / WITH_PAST_FILE,
+    return ModelSource(_config_value(text, "name") or entry.name, str(versions[0]), folder / family.files[-1],
                        session_options={"threads": int(threads)} if threads and threads.isdigit() and int(threads)
                        else {}, decoder_layout=layout if isinstance(layout, dict) else None)
 

@@ -6,17 +6,25 @@ beside the model), checked before anything runs (BadRequest, 400, one line)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
 from onnxport.core.errors import UsageError, one_line
-from onnxport.seq2seq.records import FEATURE_EXTRACTOR_FILE, Seq2SeqLayout
 from onnxport.serve.protocol import BadRequest
 
 SPEECH_FIELDS = ("input_features", "audio")
+FEATURE_EXTRACTOR_FILE = "preprocessor_config.json"  # the feature extractor's file, as transformers saves it
 
 
-def load_feature_extractor(folder: Path, layout: Seq2SeqLayout):
+class SpeechLayout(Protocol):
+    """What a speech encoder takes (an encoder-decoder's layout: :class:`onnxport.seq2seq.Seq2SeqLayout`)."""
+
+    mel_bins: int
+    frames: int
+
+
+def load_feature_extractor(folder: Path, layout: SpeechLayout):
     """The ``WhisperFeatureExtractor`` in ``folder/preprocessor_config.json``, built offline (None when the folder
     has none). One that does not load, or whose mel bins or frames are not the encoder's, is a UsageError."""
     path = Path(folder) / FEATURE_EXTRACTOR_FILE
@@ -51,7 +59,7 @@ def _numbers(value: object, name: str) -> np.ndarray:
     return array.astype(np.float32)
 
 
-def _features(value: object, layout: Seq2SeqLayout) -> np.ndarray:
+def _features(value: object, layout: SpeechLayout) -> np.ndarray:
     features = _numbers(value, "input_features")
     if features.ndim == 3 and features.shape[0] == 1:
         features = features[0]
@@ -85,7 +93,7 @@ def _audio(value: object, extractor, model: str) -> np.ndarray:
     return audio
 
 
-def speech_source(body: dict, layout: Seq2SeqLayout, extractor, model: str) -> np.ndarray:
+def speech_source(body: dict, layout: SpeechLayout, extractor, model: str) -> np.ndarray:
     """The source of a speech generate request: log-mel features [1, mel_bins, frames] from ``input_features``,
     or the samples [n] of ``audio`` (turned into features by :func:`log_mel` when generation runs)."""
     given = [name for name in SPEECH_FIELDS if name in body]
