@@ -136,7 +136,8 @@ def run(args: argparse.Namespace, models: dict) -> int:
         listed = out / "variants.json"
         if not (args.time_only and listed.exists()):
             names = "auto" if args.variants == "auto" else args.variants.split(",")
-            res = optimize.variants(loaded, model, out, names=names, bench_seq=shapes[-1][1],
+            res = optimize.variants(loaded, model, out,
+                                    optimize.VariantOptions(names=names, bench_seq=shapes[-1][1]),
                                     progress=lambda m, k=key: print(f"[{k}]   {m}", flush=True))
             listed.write_text(json.dumps({"variants": res.to_list(), "best": res.best.name if res.best else None}))
         data = json.loads(listed.read_text())

@@ -150,8 +150,9 @@ def run(args: argparse.Namespace, models: dict) -> int:
         if not (args.time_only and listed.exists()):
             print(f"[{key}] building and proving variants", flush=True)
             t0 = time.perf_counter()
-            res = optimize.variants(loaded, model, out, names=args.variants.split(",") if args.variants else None,
-                                    bench_seq=seqs[0] if text else None,
+            res = optimize.variants(loaded, model, out,
+                                    optimize.VariantOptions(names=args.variants.split(",") if args.variants else None,
+                                                            bench_seq=seqs[0] if text else None),
                                     progress=lambda m, k=key: print(f"[{k}]   {m}", flush=True))
             for v in res.variants:
                 name, mv = (v.metric.name, v.metric.value) if v.metric else ("", None)

@@ -339,8 +339,9 @@ def _retried(run: Run) -> list[Diagnostic]:
 def _optimize(run: Run) -> Run:
     opt = run.options.optimize
     run.progress("building and proving the optimized variants")
-    made = optimize.variants(run.loaded, run.model_file, run.out, names=opt.variants, tolerance=run.options.proof.tolerance,
-                             progress=run.progress, bench_seq=opt.seq, budget_s=opt.budget, device=run.device,
+    settings = optimize.VariantOptions(names=opt.variants, tolerance=run.options.proof.tolerance, bench_seq=opt.seq,
+                                       budget_s=opt.budget, device=run.device)
+    made = optimize.variants(run.loaded, run.model_file, run.out, settings, progress=run.progress,
                              samples=run.sample_refs, known=run.references)
     notes = optimize.openvino.best_notes(made.best) if made.best is not None else []
     return run.but(outcome=run.outcome.but(optimized=made, diagnostics=(*run.outcome.diagnostics, *notes)))
@@ -350,11 +351,8 @@ def _bench(run: Run) -> Run:
     b = run.options.bench
     run.progress("benchmarking PyTorch against ONNX Runtime")
     paths, own = _bench_backends(run)
-    measured = bench_run(run.loaded, paths, progress=run.progress, extra_backends=own, batches=b.batches,
-                         seq_lens=b.seq_lens, threads=b.threads, warmup=b.warmup, min_runs=b.min_runs,
-                         max_seconds=b.max_seconds, block=b.block, tune_ort=b.tune_ort, compile=b.compile,
-                         io_binding=run.device == "cuda" if b.io_binding is None else b.io_binding,
-                         device=run.device, providers=run.providers())
+    measured = bench_run(run.loaded, paths, b, device=run.device, providers=run.providers(), progress=run.progress,
+                         extra_backends=own)
     cache = (measured.peak or {}).get("cache_warning")
     notes = [warning("peak-cache-unusable", cache, hint="set ONNXPORT_CACHE_DIR to a writable folder")] if cache else []
     return run.but(outcome=run.outcome.but(benchmark=measured, diagnostics=(*run.outcome.diagnostics, *notes)))

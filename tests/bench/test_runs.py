@@ -12,6 +12,7 @@ from onnxport import bench, report
 from onnxport.api import load_model
 from onnxport.bench import TUNE_KEYS, bench_sizes, peak, peak_key, tune
 from onnxport.core.errors import UsageError
+from onnxport.core.options import BenchOptions
 from onnxport.exporters.chain import export
 from onnxport.runtime.backends import (
     Backend,
@@ -74,8 +75,8 @@ def test_backends_agree_on_tiny_model(tiny):
 def test_run_gives_schema_valid_benchmark(tiny, fake_peak):
     loaded, path = tiny
     messages: list[str] = []
-    result = bench.run(loaded, {"onnxruntime": path}, batches=(1, 4), threads=1, warmup=1, min_runs=6,
-                       max_seconds=0.5, block=3, tune_ort=True, tune_budget_s=0.5, openvino=False,
+    options = BenchOptions(batches=(1, 4), threads=1, warmup=1, min_runs=6, max_seconds=0.5, block=3, tune_ort=True)
+    result = bench.run(loaded, {"onnxruntime": path}, options, tune_budget_s=0.5, openvino=False,
                        progress=messages.append)
     d = result.to_dict()
     jsonschema.validate(d, report.schema()["properties"]["benchmark"])
@@ -96,7 +97,7 @@ def test_run_gives_schema_valid_benchmark(tiny, fake_peak):
 
 def test_run_rejects_seq_sweep_without_token_input(tiny):
     with pytest.raises(UsageError):
-        bench.run(tiny[0], {}, seq_lens=(16,), peak=False)
+        bench.run(tiny[0], {}, BenchOptions(seq_lens=(16,)), peak=False)
 
 
 def test_bench_sizes_sweeps_seq_on_token_inputs():

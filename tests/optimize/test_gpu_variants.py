@@ -283,11 +283,12 @@ def test_gpu_benchmark_cpu_smoke_runs_every_row(tmp_path, capsys):
 
 def test_the_benchmark_times_the_best_with_its_session_options(mlp, mlp_file):
     from onnxport.bench import run
+    from onnxport.core.options import BenchOptions
 
     best = SessionBackend(mlp_file, open_for({"provider": CPU, "enable_cuda_graph": True}),
                               "onnxruntime:best (cuda-graph)")
-    result = run(mlp, {"onnxruntime": mlp_file}, batches=[2], min_runs=3, max_seconds=0.5, warmup=1, peak=False,
-                 openvino=False, threads=1, extra_backends=[best])
+    options = BenchOptions(batches=(2,), min_runs=3, max_seconds=0.5, warmup=1, threads=1)
+    result = run(mlp, {"onnxruntime": mlp_file}, options, peak=False, openvino=False, extra_backends=[best])
     rows = {r.backend: r for r in result.runs}
     assert set(rows) == {"pytorch", "onnxruntime", "onnxruntime:best (cuda-graph)"}
     assert rows["onnxruntime:best (cuda-graph)"].max_abs_diff < 1e-5
@@ -299,8 +300,8 @@ def test_variants_on_cuda_prove_and_time_each_under_its_options(mlp, mlp_file, t
     provider on the CPU): tf32 runs the export with use_tf32=1 under the TF32 policy and is timed; the CUDA graph
     is refused where the copies cannot be read and the nodes are placed on the CPU."""
     monkeypatch.setattr(gpu, "memcpy_nodes", lambda path, chain: None)
-    res = optimize.variants(mlp, mlp_file, tmp_path, names=["tf32", "cuda-graph"], device="cuda",
-                            bench_batches=(1,), bench_seconds=0.2)
+    res = optimize.variants(mlp, mlp_file, tmp_path,
+                            optimize.VariantOptions(names=["tf32", "cuda-graph"], device="cuda", bench_batches=(1,), bench_seconds=0.2))
     by = {v.name: v for v in res.variants}
     assert by["export"].session_options == {"provider": CUDA, "use_tf32": False}
     tf32 = by["tf32"]

@@ -110,7 +110,7 @@ def mlp_run(tmp_path_factory):
     result = export(loaded, out / "model.onnx", exporter="torchscript")
     model = Path(getattr(result, "path", out / "model.onnx"))
     names = ["openvino", "openvino-bf16"] + (["openvino-int8"] if HAVE_NNCF else [])
-    return out, loaded, optimize.variants(loaded, model, out, names=names, **FAST)
+    return out, loaded, optimize.variants(loaded, model, out, optimize.VariantOptions(names=names, **FAST))
 
 
 @needs_ov
@@ -235,7 +235,8 @@ def test_openvino_int8_keeps_the_sensitive_node_out_of_int8(tmp_path):
     src.write_text(OUTLIER)
     loaded = load_model(f"{src}:Outlier", inputs=["x:float32[batch,4,8]"])
     export(loaded, tmp_path / "model.onnx", exporter="torchscript")
-    result = optimize.variants(loaded, tmp_path / "model.onnx", tmp_path, names=["openvino-int8"], **FAST)
+    result = optimize.variants(loaded, tmp_path / "model.onnx", tmp_path,
+                               optimize.VariantOptions(names=["openvino-int8"], **FAST))
     v = {e.name: e for e in result.variants}["openvino-int8"]
     assert v.passed, v.reason
     sens = v.details["sensitivity"]

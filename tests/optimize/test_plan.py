@@ -69,7 +69,8 @@ def test_names_all_auto_and_lists():
 def test_budget_stops_starting_variants(tmp_path, mlp):
     rep = export(f"{MODELS}:TinyMLP", tmp_path / "m", inputs=["x:float32[batch,8]"], exporter="torchscript")
     assert rep["status"] == "ok"
-    res = optimize.variants(mlp, tmp_path / "m" / "model.onnx", tmp_path / "o", names=["slim", "ort"], budget_s=1e-3)
+    res = optimize.variants(mlp, tmp_path / "m" / "model.onnx", tmp_path / "o",
+                            optimize.VariantOptions(names=["slim", "ort"], budget_s=1e-3))
     skipped = {v.name: v.skipped for v in res.variants if v.skipped}
     assert set(skipped) == {"slim", "ort"} and all("--budget" in why for why in skipped.values())
     assert res.best is not None and res.best.name == "export"
@@ -83,7 +84,8 @@ def test_nothing_to_build_skips_the_proof_and_timing(tmp_path, monkeypatch):
     from onnxport.optimize.plan import Plan
 
     monkeypatch.setattr(choice, "default_plan", lambda *a, **k: Plan((), {"int8": "not built by default: test"}))
-    res = optimize.variants(cnn_like, tmp_path / "m" / "model.onnx", tmp_path / "o", names="auto")
+    res = optimize.variants(cnn_like, tmp_path / "m" / "model.onnx", tmp_path / "o",
+                            optimize.VariantOptions(names="auto"))
     assert [(v.name, v.skipped) for v in res.variants] == [("int8", "not built by default: test")]
     assert res.best is None and not (tmp_path / "o" / "best.onnx").exists()
     assert not (tmp_path / "o" / "variants").exists()  # no empty folder left behind
@@ -105,11 +107,11 @@ def test_the_default_plan_screens_without_the_all_max_case_and_proves_the_best_o
     rep = export(f"{MODELS}:TinyText", tmp_path / "m", inputs=["input_ids:int64[batch,seq]{0..49}"],
                  dims=["seq=1..32"])
     assert rep["status"] == "ok"
-    res = optimize.variants(text, tmp_path / "m" / "model.onnx", tmp_path / "o", names="auto",
-                            bench_batches=(1,), bench_seconds=0.2)
+    res = optimize.variants(text, tmp_path / "m" / "model.onnx", tmp_path / "o",
+                            optimize.VariantOptions(names="auto", bench_batches=(1,), bench_seconds=0.2))
     assert res.judged_on["left_out"] == ["max"] and "max" not in res.judged_on["cases"]
-    every = optimize.variants(text, tmp_path / "m" / "model.onnx", tmp_path / "all", names=["int8"],
-                              bench_batches=(1,), bench_seconds=0.2)
+    every = optimize.variants(text, tmp_path / "m" / "model.onnx", tmp_path / "all",
+                              optimize.VariantOptions(names=["int8"], bench_batches=(1,), bench_seconds=0.2))
     assert every.judged_on["left_out"] == [] and "max" in every.judged_on["cases"]
 
 
@@ -131,8 +133,8 @@ def test_a_best_that_fails_the_case_left_to_it_is_not_chosen(tmp_path, monkeypat
     monkeypatch.setattr(choice, "clearly_faster", lambda s: True)  # whatever the timing, int8 is the candidate
     monkeypatch.setattr(choice, "select_best", lambda vs: next((v for v in vs if v.name == "int8"), vs[0] if vs else None))
     monkeypatch.setattr(choice, "_left_out_failure", fails)
-    res = optimize.variants(text, tmp_path / "m" / "model.onnx", tmp_path / "o", names="auto",
-                            bench_batches=(1,), bench_seconds=0.2)
+    res = optimize.variants(text, tmp_path / "m" / "model.onnx", tmp_path / "o",
+                            optimize.VariantOptions(names="auto", bench_batches=(1,), bench_seconds=0.2))
     assert seen == [("int8", ["max"])]
     v = {e.name: e for e in res.variants}
     assert v["int8"].passed is False and "max" in v["int8"].reason and res.best.name == "export"

@@ -46,8 +46,8 @@ def test_calibration_method_chosen_on_held_out_samples(cnn, tmp_path):
 
 def test_variants_are_judged_on_the_samples(cnn, tmp_path):
     loaded, model, refs = cnn
-    res = optimize.variants(loaded, model, tmp_path, names=["int8"], samples=refs, bench_batches=(1,),
-                            bench_seconds=0.2)
+    res = optimize.variants(loaded, model, tmp_path,
+                            optimize.VariantOptions(names=["int8"], bench_batches=(1,), bench_seconds=0.2), samples=refs)
     base, int8 = res.variants
     assert base.samples.passed and base.samples.count == 12 and not base.samples.metric_decides
     assert int8.details["calibration"]["method"] in quantize.CALIBRATION_METHODS

@@ -52,7 +52,7 @@ def text_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("opt_text")
     loaded = load_model(f"{MODELS}:TinyText", inputs=["input_ids:int64[batch,seq]"], dims=["seq=1..32"])
     model = _export(loaded, out / "model.onnx", "dynamo")  # TorchScript bakes the attention reshapes
-    return out, optimize.variants(loaded, model, out, **FAST)
+    return out, optimize.variants(loaded, model, out, optimize.VariantOptions(**FAST))
 
 
 def test_every_variant_passes_or_says_why(text_run):
@@ -89,7 +89,8 @@ def test_best_is_fastest_passing_and_copied(text_run):
 def test_variants_are_timed_and_chosen_at_the_given_sequence_length(tmp_path):
     loaded = load_model(f"{MODELS}:TinyText", inputs=["input_ids:int64[batch,seq]"], dims=["seq=1..32"])
     model = _export(loaded, tmp_path / "model.onnx", "dynamo")
-    result = optimize.variants(loaded, model, tmp_path, names=["slim"], bench_seq=29, **FAST)
+    result = optimize.variants(loaded, model, tmp_path,
+                               optimize.VariantOptions(names=["slim"], bench_seq=29, **FAST))
     assert result.timed_at == {"batch": 1, "seq": 29}
     assert all(v.latency_ms.get("1") for v in result.variants)
 
@@ -119,7 +120,8 @@ def test_fp16_overflow_is_rejected_and_not_chosen(tmp_path):
     src.write_text(BIG_SCALE)
     loaded = load_model(f"{src}:BigScale", inputs=["x:float32[batch,8]"])
     model = _export(loaded, tmp_path / "model.onnx")
-    result = optimize.variants(loaded, model, tmp_path, names=["fp16", "fused"], **FAST)
+    result = optimize.variants(loaded, model, tmp_path,
+                               optimize.VariantOptions(names=["fp16", "fused"], **FAST))
     by = {v.name: v for v in result.variants}
     assert not by["fp16"].passed and by["fp16"].reason
     assert by["fp16"].divergence is not None
@@ -130,7 +132,7 @@ def test_fp16_overflow_is_rejected_and_not_chosen(tmp_path):
 def test_unknown_variant_is_a_usage_error(tmp_path):
     loaded = load_model(f"{MODELS}:TinyMLP", inputs=["x:float32[batch,8]"])
     with pytest.raises(UsageError, match="unknown variant"):
-        optimize.variants(loaded, tmp_path / "model.onnx", tmp_path, names=["turbo"])
+        optimize.variants(loaded, tmp_path / "model.onnx", tmp_path, optimize.VariantOptions(names=["turbo"]))
 
 
 def _v(name: str, ms: float | None, passed: bool = True, size: int = 100, skipped: str | None = None) -> Variant:
@@ -178,8 +180,8 @@ def test_the_choice_is_confirmed_at_every_batch_and_recorded(tmp_path, monkeypat
         return {n: {str(b): ms[n][str(b)] for b in batches} for n in paths}
 
     monkeypatch.setattr(choice, "measure", fake)
-    result = optimize.variants(loaded, model, tmp_path, names=["slim", "ort"], bench_batches=(1, 8),
-                               bench_seconds=0.2)
+    result = optimize.variants(loaded, model, tmp_path,
+                               optimize.VariantOptions(names=["slim", "ort"], bench_batches=(1, 8), bench_seconds=0.2))
     by = {v.name: v for v in result.variants}
     assert by["slim"].speedup == 2.0 and by["ort"].speedup < by["slim"].speedup  # slim is faster at batch 1...
     assert by["slim"].details["speedup_by_batch"] == {"1": 2.0, "8": round(8 / 9.6, 3)}
@@ -229,7 +231,7 @@ def _fc_nodes(path: Path) -> list[str]:
 
 def test_int8_search_keeps_only_the_sensitive_node_in_fp32(outlier):
     tmp, loaded, model = outlier
-    result = optimize.variants(loaded, model, tmp, names=["int8"], **FAST)
+    result = optimize.variants(loaded, model, tmp, optimize.VariantOptions(names=["int8"], **FAST))
     v = {e.name: e for e in result.variants}["int8"]
     sens = v.details["sensitivity"]
     fc1, fc2 = _fc_nodes(model)
@@ -297,7 +299,7 @@ def test_minilm_fused_int8_passes_with_few_fp32_nodes(minilm_dir, tmp_path):
 
     loaded = load_model(f"hf:{minilm_dir}")
     model = _export(loaded, tmp_path / "model.onnx", "dynamo")
-    result = optimize.variants(loaded, model, tmp_path, names=["fused+int8"], **FAST)
+    result = optimize.variants(loaded, model, tmp_path, optimize.VariantOptions(names=["fused+int8"], **FAST))
     v = {e.name: e for e in result.variants}["fused+int8"]
     assert v.passed, v.reason
     assert v.metric.name == "cosine (mean-pooled embedding)" and v.metric.value >= 0.99
@@ -320,7 +322,8 @@ def test_large_files_are_timed_one_variant_at_a_time_and_the_winner_confirmed(tm
 
     monkeypatch.setattr(choice, "TIMING_MEMORY_BYTES", 0)
     monkeypatch.setattr(choice, "measure", fake)
-    result = optimize.variants(loaded, model, tmp_path, names=["slim", "ort"], **FAST)
+    result = optimize.variants(loaded, model, tmp_path,
+                               optimize.VariantOptions(names=["slim", "ort"], **FAST))
     assert calls == [("export", "slim"), ("export", "ort"), ("export", "slim")]  # pairs, then the confirmation
     by = {v.name: v for v in result.variants}
     assert by["slim"].speedup == 2.0 and by["slim"].details["confirmed_speedup"] == 2.0
@@ -339,7 +342,7 @@ def test_a_winner_the_confirmation_run_does_not_back_is_not_chosen(tmp_path, mon
         return {n: {"1": 1.0 if n == "export" else slim} for n in paths}
 
     monkeypatch.setattr(choice, "measure", fake)
-    result = optimize.variants(loaded, model, tmp_path, names=["slim"], **FAST)
+    result = optimize.variants(loaded, model, tmp_path, optimize.VariantOptions(names=["slim"], **FAST))
     assert seen == [("export", "slim"), ("export", "slim")]
     assert result.best.name == "export"
     assert {v.name: v for v in result.variants}["slim"].details["confirmed_speedup"] == round(1 / 1.2, 3)

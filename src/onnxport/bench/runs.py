@@ -27,6 +27,7 @@ from onnxport.bench.peak import backend_precision, cache_dir, device_peak, peak_
 from onnxport.bench.tuning import tune
 from onnxport.core.errors import UsageError
 from onnxport.core.logs import Progress, noop
+from onnxport.core.options import BenchOptions
 from onnxport.core.samples import export_sizes, make_inputs, shapes_for
 from onnxport.core.spec import InputSpec
 from onnxport.runtime.backends import (
@@ -159,25 +160,29 @@ class _Timing:
     block: int
 
 
-def run(loaded: LoadedModel, onnx_paths: dict[str, Path], *, batches: Sequence[int] = (1, 8),
-        seq_lens: Sequence[int] | None = None, threads: int | None = None, warmup: int = 5, min_runs: int = 50,
-        max_seconds: float = 10.0, block: int = 5, compile: bool = False, openvino: bool | None = None,
-        tune_ort: bool = False, tune_budget_s: float = 30.0, peak: bool = True,
-        progress: Progress | None = None, io_binding: bool = False, device: str = "cpu",
-        providers: list | None = None, extra_backends: Sequence[Backend] = ()) -> BenchResult:
-    """Benchmark PyTorch eager (and torch.compile if ``compile``) against each ONNX file in ``onnx_paths``.
+def run(loaded: LoadedModel, onnx_paths: dict[str, Path], options: BenchOptions = BenchOptions(), *,
+        device: str = "cpu", providers: list | None = None, openvino: bool | None = None,
+        tune_budget_s: float = 30.0, peak: bool = True, progress: Progress | None = None,
+        extra_backends: Sequence[Backend] = ()) -> BenchResult:
+    """Benchmark PyTorch eager (and torch.compile if ``options.compile``) against each ONNX file in
+    ``onnx_paths``.
 
     ``onnx_paths`` maps a backend label (e.g. "onnxruntime", "onnxruntime:best") to a file; the first is
     the reference graph for FLOP counts and for OpenVINO (``openvino``: None = when installed).
-    ``max_seconds`` bounds the timed loop per batch/seq size; ``min_runs`` timed iterations per backend
-    end it earlier. ``tune_ort`` searches session options on the first file (``tune``) and adds the tuned
-    session as "onnxruntime:tuned". ``peak`` measures (or reads the cached) GEMM peak for the roofline.
-    ``io_binding`` runs ONNX Runtime through IO binding (inputs bound once per size on the session's device).
-    ``device``: on "cuda" the "% peak" is of the GPU's own matmul peak in the
-    precision each backend computes in (bench/peak.py), not of the CPU's. ``extra_backends``: more backends to
-    time, unopened (a variant run with its recorded session options: runtime.SessionBackend).
-    ``providers``: the provider chain every ONNX file runs on (default: the CPU).
+    ``options.max_seconds`` bounds the timed loop per batch/seq size; ``options.min_runs`` timed iterations per
+    backend end it earlier. ``options.tune_ort`` searches session options on the first file (``tune``, within
+    ``tune_budget_s``) and adds the tuned session as "onnxruntime:tuned". ``peak`` measures (or reads the
+    cached) GEMM peak for the roofline. ``options.io_binding`` runs ONNX Runtime through IO binding (inputs
+    bound once per size on the session's device; None: on with ``device`` "cuda"). ``device``: on "cuda" the
+    "% peak" is of the GPU's own matmul peak in the precision each backend computes in (bench/peak.py), not of
+    the CPU's. ``extra_backends``: more backends to time, unopened (a variant run with its recorded session
+    options: runtime.SessionBackend). ``providers``: the provider chain every ONNX file runs on (default: the
+    CPU).
     """
+    o = options
+    batches, seq_lens, threads, compile = o.batches, o.seq_lens, o.threads, o.compile
+    warmup, min_runs, max_seconds, block, tune_ort = o.warmup, o.min_runs, o.max_seconds, o.block, o.tune_ort
+    io_binding = device == "cuda" if o.io_binding is None else o.io_binding
     say = progress or noop
     t_start = time.perf_counter()
     threads = threads or default_threads()

@@ -12,7 +12,7 @@ builders of every model kind and each kind's judge), :mod:`~onnxport.optimize.pa
 share: build, budget, the choice rule, best.onnx) and :mod:`~onnxport.optimize.gates` (the metric gates).
 """
 
-from onnxport.optimize.choice import select_best, variants
+from onnxport.optimize.choice import VariantOptions, select_best, variants
 from onnxport.optimize.context import BuildContext, BuildOutcome, Skip
 from onnxport.optimize.gates import GATES, Gates
 from onnxport.optimize.passes import MIN_GAIN, Budget, build_into, clearly_faster, each_variant, install_best
@@ -41,4 +41,4 @@ from onnxport.runtime.variant_sessions import (  # re-exported: how a variant's 
 __all__ = ["ALL_VARIANTS", "BASELINE", "DECODER", "GATES", "GPU_VARIANTS", "MIN_GAIN", "MODEL", "VARIANTS", "Budget",
            "BuildContext", "BuildOutcome", "Gates", "Skip", "SkipReason", "build_into", "clearly_faster",
            "each_variant", "install_best", "register", "register_judge", "GraphSessions", "Metric", "OptimizeResult", "SessionBackend", "Variant",
-           "base_options", "gpu_options_for", "needs_fixed_shapes", "open_for", "parse_names", "providers_for", "select_best", "variants"]
+           "base_options", "gpu_options_for", "needs_fixed_shapes", "open_for", "parse_names", "providers_for", "select_best", "variants", "VariantOptions"]

@@ -350,14 +350,27 @@ def _batch_invariance(ctx: BuildContext, name: str, path: Path, opener=None) -> 
 # --------------------------------------------------------------------------- entry point
 
 
-def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path, *,
-             names: Sequence[str] | str | None = None, tolerance: Tolerance = FP32, cases: list[Case] | None = None,
-             progress: Progress | None = None, bench_batches: Sequence[int] = (1, 8), bench_seq: int | None = None,
-             bench_seconds: float = 1.5, budget_s: float | None = None, device: str = "cpu",
-             samples: SampleRefs | None = None, threads: int | None = None,
-             known: Refs | None = None) -> OptimizeResult:
-    """Build the ``names`` variants of ``model_path`` under OUT/variants/, prove each against PyTorch, time
-    them interleaved with the plain export, and copy the fastest passing one (or the export) to OUT/best.onnx.
+@dataclass(frozen=True)
+class VariantOptions:
+    """What :func:`variants` builds and how it judges and times them (see there)."""
+
+    names: Sequence[str] | str | None = None
+    tolerance: Tolerance = FP32
+    cases: list[Case] | None = None
+    bench_batches: Sequence[int] = (1, 8)
+    bench_seq: int | None = None
+    bench_seconds: float = 1.5
+    budget_s: float | None = None
+    device: str = "cpu"
+    threads: int | None = None
+
+
+def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path,
+             options: VariantOptions = VariantOptions(), *, progress: Progress | None = None,
+             samples: SampleRefs | None = None, known: Refs | None = None) -> OptimizeResult:
+    """Build the ``options.names`` variants of ``model_path`` under OUT/variants/, prove each against PyTorch,
+    time them interleaved with the plain export, and copy the fastest passing one (or the export) to
+    OUT/best.onnx.
 
     ``names``: a list, "all" (None) or "auto": the variants that can win for this model on ``device``
     (:func:`~onnxport.optimize.plan.default_plan`; the others are listed as skipped, with the reason).
@@ -373,6 +386,9 @@ def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path, *
     ``threads``: onnxruntime's threads for the timing (default: the machine's). ``known``: PyTorch's outputs
     already computed on some cases (the export's proof), not computed again.
     """
+    o = options
+    names, tolerance, cases, bench_batches, bench_seq = o.names, o.tolerance, o.cases, o.bench_batches, o.bench_seq
+    bench_seconds, budget_s, device, threads = o.bench_seconds, o.budget_s, o.device, o.threads
     say = progress or noop
     wanted = parse_names(names)
     if wanted == AUTO and budget_s is None:
