@@ -11,8 +11,8 @@ from pathlib import Path
 
 from onnxport import families
 from onnxport.core.errors import UsageError
+from onnxport.core.greedy import PROCESSORS_FILE
 from onnxport.core.onnxfile import external_data_files
-from onnxport.decoder.processors import PROCESSORS_FILE
 from onnxport.seq2seq.records import FEATURE_EXTRACTOR_FILE, FILES
 from onnxport.serve.models import (
     DEFAULT_MAX_BATCH,
@@ -205,7 +205,7 @@ def _seq2seq_repository(out: Path, with_past: Path, name: str, model_dir: Path, 
                         threads: int | None) -> TritonRepository:
     """An encoder-decoder's Triton entry: the python backend's ``1/model.py`` (the greedy loop with onnxruntime,
     :mod:`onnxport.serve.triton_model`, and ``1/greedy_processors.py``, the generation config's rules from
-    :mod:`onnxport.decoder.processors`) beside its three files (the best variant's when convert chose one),
+    :mod:`onnxport.core.greedy`) beside its three files (the best variant's when convert chose one),
     ``1/seq2seq.json`` (the layout), the tokenizer and feature extractor, ``config.pbtxt`` (with what the model's
     Python environment needs: :mod:`onnxport.serve.triton_env`) and the manifest."""
     if gpu:
@@ -219,7 +219,7 @@ def _seq2seq_repository(out: Path, with_past: Path, name: str, model_dir: Path, 
             _copy_onnx(with_past.parent / file, tmp / "1" / file)
         (tmp / "1" / "model.py").write_text(resources.files("onnxport.serve").joinpath("triton_model.py")
                                             .read_text(encoding="utf-8"), encoding="utf-8")
-        (tmp / "1" / PROCESSORS_FILE).write_text(resources.files("onnxport.decoder").joinpath("processors.py")
+        (tmp / "1" / PROCESSORS_FILE).write_text(resources.files("onnxport.core").joinpath("greedy.py")
                                                  .read_text(encoding="utf-8"), encoding="utf-8")
         (tmp / "1" / layout_file(families.get("seq2seq"))).write_text(json.dumps(layout, indent=2) + "\n", encoding="utf-8")
         if (out / "tokenizer").is_dir():  # serve REPO's generate takes text with it

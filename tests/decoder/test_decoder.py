@@ -342,7 +342,7 @@ def test_generation_config_rules_are_proven_against_generate(tmp_path):
     """A decoder whose generation config asks for a repetition penalty, no repeated bigrams and a minimum length:
     the export records the rules, its proof holds, and the loop on the proven file gives ``model.generate()``'s
     own tokens (left-padded rows, then with an end-of-sequence stop as well); a plain argmax loop does not."""
-    from onnxport.decoder.processors import PLAIN, rules_from_config
+    from onnxport.core.greedy import PLAIN, rules_from_config
 
     model = _tiny("gpt2").eval()
     for key, value in dict(repetition_penalty=1.4, no_repeat_ngram_size=2, min_new_tokens=4).items():

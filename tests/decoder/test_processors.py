@@ -1,4 +1,4 @@
-"""The generation config's rules in numpy (:mod:`onnxport.decoder.processors`) against transformers' own logits
+"""The generation config's rules in numpy (:mod:`onnxport.core.greedy`) against transformers' own logits
 processors on random scores and histories, the rules read from generation configs (what cannot be applied is
 named), and generate()'s end-of-sequence handling (stop, pad after the end)."""
 
@@ -10,7 +10,7 @@ import torch
 from transformers import GenerationConfig
 from transformers.generation import logits_process as lp
 
-from onnxport.decoder.processors import PLAIN, GreedyRules, rules_from_config, whisper_prompt
+from onnxport.core.greedy import PLAIN, GreedyRules, rules_from_config, whisper_prompt
 
 VOCAB = 40
 

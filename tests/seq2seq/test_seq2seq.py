@@ -15,7 +15,7 @@ import transformers
 
 from onnxport import api, seq2seq
 from onnxport.core.errors import UsageError
-from onnxport.decoder.processors import PLAIN
+from onnxport.core.greedy import PLAIN
 from onnxport.seq2seq.feeds import encoder_inputs
 from onnxport.seq2seq.prove import reference_generate
 from tests.conftest import load_report, run_cli

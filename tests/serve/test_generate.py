@@ -15,9 +15,9 @@ import torch
 import transformers
 
 from onnxport.core.errors import UsageError
+from onnxport.core.greedy import GreedyRules
 from onnxport.decoder.flow import run_model
 from onnxport.decoder.generation import generate_greedy, stream_greedy
-from onnxport.decoder.processors import GreedyRules
 from onnxport.decoder.prove import greedy
 from onnxport.decoder.tokenizer import load_tokenizer, save_tokenizer
 from onnxport.runtime.sessions import session

@@ -1,5 +1,5 @@
 """Step-wise greedy generation with an exported decoder: one step at a time, so a server can stream each token
-as it comes, under the generation config's rules (:mod:`onnxport.decoder.processors`). The feeding rules are those of :func:`onnxport.decoder.prove.greedy` (the prompt on an empty
+as it comes, under the generation config's rules (:mod:`onnxport.core.greedy`). The feeding rules are those of :func:`onnxport.decoder.prove.greedy` (the prompt on an empty
 cache, then one token per step with the presents fed back as past and position ids from the mask's cumsum)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from onnxport.core.errors import UsageError
-from onnxport.decoder.processors import GreedyRules
+from onnxport.core.greedy import GreedyRules
 from onnxport.decoder.records import CacheLayout
 
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from onnxport.core.errors import UsageError, one_line
-from onnxport.decoder.processors import rules_from_config
+from onnxport.core.greedy import rules_from_config
 from onnxport.decoder.records import CacheLayout
 
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")

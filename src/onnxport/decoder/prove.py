@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from onnxport.core.errors import UsageError, one_line
+from onnxport.core.greedy import PLAIN, GreedyRules
 from onnxport.core.records import FP32, Tolerance
 from onnxport.decoder.generation import generate_greedy
 from onnxport.decoder.layout import CachedDecoder, step_inputs
-from onnxport.decoder.processors import PLAIN, GreedyRules
 from onnxport.decoder.records import CacheLayout, DecoderProof, GenerationCheck, StepCase
 from onnxport.runtime.sessions import session
 
@@ -117,7 +117,7 @@ PLAIN_GREEDY = dict(min_length=0, min_new_tokens=0, eos_token_id=None, forced_bo
 def reference_config(generation_config, new_tokens: int, rules: GreedyRules):
     """A copy of the model's generation config for ``new_tokens`` greedy tokens: sampling, beams and the other
     settings a greedy loop does not apply turned off; the end-of-sequence stop off when ``rules`` has none; every
-    processor off for :data:`~onnxport.decoder.processors.PLAIN` rules."""
+    processor off for :data:`~onnxport.core.greedy.PLAIN` rules."""
     import copy
 
     from transformers import GenerationConfig

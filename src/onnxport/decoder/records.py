@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from onnxport.core.errors import UsageError, one_line
+from onnxport.core.greedy import GreedyRules
 from onnxport.core.records import Tolerance
-from onnxport.decoder.processors import GreedyRules
 from onnxport.optimize.gates import GATES
 from onnxport.optimize.passes import MIN_GAIN, clearly_faster
 from onnxport.optimize.result import SkipReason

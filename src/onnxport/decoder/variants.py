@@ -30,12 +30,12 @@ import torch
 from torch import nn
 
 from onnxport.core.errors import DiskFull, disk_full
+from onnxport.core.greedy import PLAIN
 from onnxport.core.logs import Progress, captured_output, noop
 from onnxport.core.onnxfile import file_bytes, inline_limit, move_model, save_model
 from onnxport.core.records import FP32, Tolerance
 from onnxport.decoder.generation import step_feeds, stream_greedy
 from onnxport.decoder.layout import CachedDecoder, step_inputs
-from onnxport.decoder.processors import PLAIN
 from onnxport.decoder.prove import greedy, step_matrix
 from onnxport.decoder.records import DECODER_GATES, CacheLayout, DecoderVariant, DecoderVariants
 from onnxport.optimize import registry

@@ -1,7 +1,7 @@
 """Step-wise greedy generation with the three exported files: the encoder once, the first decoder step on the
 start token (its presents hold the decoder's and the encoder's keys and values), then one token per step with
 ``decoder_with_past_model``, the decoder presents fed back beside the encoder's unchanged ones; the generation
-config's rules (:mod:`onnxport.decoder.processors`) pick each token."""
+config's rules (:mod:`onnxport.core.greedy`) pick each token."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import NamedTuple
 import numpy as np
 
 from onnxport.core.errors import UsageError
+from onnxport.core.greedy import GreedyRules
 from onnxport.decoder.generation import stacked
-from onnxport.decoder.processors import GreedyRules
 from onnxport.seq2seq.records import DECODER_FILE, ENCODER_FILE, WITH_PAST_FILE, Seq2SeqLayout, final_name
 
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from onnxport.core.errors import UsageError, one_line
-from onnxport.decoder.processors import rules_from_config
+from onnxport.core.greedy import rules_from_config
 from onnxport.seq2seq.records import Seq2SeqLayout
 
 NO_CACHE_HINT = "export its plain forward without a cache instead: give its inputs with --input (docs/seq2seq.md)"

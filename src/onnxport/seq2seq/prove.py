@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from onnxport.core.errors import UsageError, one_line
+from onnxport.core.greedy import PLAIN, GreedyRules
 from onnxport.core.records import FP32, Tolerance
-from onnxport.decoder.processors import PLAIN, GreedyRules
 from onnxport.decoder.prove import reference_config
 from onnxport.decoder.records import GenerationCheck
 from onnxport.seq2seq.feeds import (

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from onnxport.decoder.processors import GreedyRules
+from onnxport.core.greedy import GreedyRules
 from onnxport.decoder.records import DecoderProof, DecoderVariants
 
 ENCODER_FILE = "encoder_model.onnx"

@@ -19,10 +19,10 @@ from torch import nn
 
 from onnxport.bench import best_of
 from onnxport.core.errors import DiskFull, UsageError, disk_full, one_line
+from onnxport.core.greedy import PLAIN
 from onnxport.core.logs import Progress, noop
 from onnxport.core.onnxfile import copy_model, file_bytes
 from onnxport.core.records import FP32, Tolerance
-from onnxport.decoder.processors import PLAIN
 from onnxport.decoder.records import DecoderVariant, DecoderVariants
 from onnxport.decoder.variants import build_nbits, cosine, fuse_offline
 from onnxport.optimize import registry

@@ -18,8 +18,8 @@ import numpy as np
 
 from onnxport import families
 from onnxport.core.errors import UsageError
+from onnxport.core.greedy import GreedyRules
 from onnxport.decoder.generation import check_room, stream_greedy
-from onnxport.decoder.processors import GreedyRules
 from onnxport.decoder.records import CacheLayout
 from onnxport.decoder.tokenizer import load_tokenizer
 from onnxport.seq2seq.generation import Sessions, open_sessions

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from onnxport.decoder.processors import GreedyRules
+from onnxport.core.greedy import GreedyRules
 from onnxport.serve.models import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_DELAY_MS,

@@ -3,7 +3,7 @@ the greedy loop over ``encoder_model.onnx``, ``decoder_model.onnx`` and ``decode
 onnxruntime. ``onnxport triton OUT/ --repo R`` copies this file to ``R/<name>/1/model.py`` beside the three files
 and ``seq2seq.json`` (the layout the export recorded). It imports numpy, onnxruntime and the backend's
 ``triton_python_backend_utils`` and ``greedy_processors.py`` (the generation config's rules, written beside it
-from :mod:`onnxport.decoder.processors`) only, so that it runs in Triton's python backend without onnxport;
+from :mod:`onnxport.core.greedy`) only, so that it runs in Triton's python backend without onnxport;
 onnxport itself never imports it.
 
 Inputs (``max_batch_size: 0``: the batch is the first dim of each tensor): ``input_ids`` INT64 [batch, source]
@@ -24,7 +24,7 @@ import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # greedy_processors.py lies beside this file
-import greedy_processors  # noqa: E402 - the generation config's rules, copied from onnxport.decoder.processors
+import greedy_processors  # noqa: E402 - the generation config's rules, copied from onnxport.core.greedy
 
 LAYOUT_FILE = "seq2seq.json"
 FILES = ("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx")
