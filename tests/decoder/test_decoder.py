@@ -367,3 +367,22 @@ def test_generation_config_rules_are_proven_against_generate(tmp_path):
     got = decoder.greedy(sess, outcome.layout, ids.numpy(), mask.numpy(), 12, rules)
     np.testing.assert_array_equal(got, want)
     assert got[0, 5] == rules.eos_token_ids[0] and (got.shape[1] == 6 or got[0, 6:].tolist() == [0] * (got.shape[1] - 6))
+
+
+@pytest.mark.slow
+def test_a_model_with_fewer_positions_than_the_default_length_is_exported_at_all_of_them(tmp_path):
+    """A saved GPT-2 built for 40 positions, `export hf:DIR` with no --max-length: exported and proven for 40
+    tokens (the default 128 would be refused), and the report says so."""
+    from tests.conftest import load_report, run_cli
+
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64,
+                                                         n_positions=40)).save_pretrained(tmp_path / "gpt2")
+    r = run_cli("export", f"hf:{tmp_path / 'gpt2'}", "-o", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = load_report(tmp_path / "out")
+    assert rep["decoder"]["layout"]["max_length"] == 40 and rep["decoder"]["proof"]["passed"]
+    fitted = [d for d in rep["diagnostics"] if d["code"] == "max-length-fitted"]
+    assert len(fitted) == 1 and "40 positions" in fitted[0]["message"]
+    r = run_cli("export", f"hf:{tmp_path / 'gpt2'}", "-o", str(tmp_path / "asked"), "--max-length", "128")
+    assert r.returncode == 2 and "exceeds the 40 positions" in r.stderr

@@ -101,6 +101,17 @@ def _probe(model: nn.Module, arch: str, position_ids: bool) -> tuple[int, int, i
     return len(cached), kh, kd, vd
 
 
+def fitted_max_length(model: nn.Module, default: int) -> tuple[int, int | None]:
+    """(the maximum length to export when none was asked for, the model's positions when they are fewer than
+    ``default``): a model built for fewer positions is exported at all of them, not refused."""
+    config = getattr(model, "config", None)
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    limit = getattr(text, "max_position_embeddings", None)
+    if isinstance(limit, int) and not isinstance(limit, bool) and 2 <= limit < default:
+        return limit, limit
+    return default, None
+
+
 def _check_length(config, arch: str, max_length: int) -> int | None:
     """Refuse a ``max_length`` the model cannot take; returns its sliding window where ``max_length`` passes it
     (the exported cache keeps every token and the mask applies the window; the proof runs past it)."""

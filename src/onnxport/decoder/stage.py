@@ -5,6 +5,7 @@ from __future__ import annotations
 from onnxport import rootcause
 from onnxport.core.diagnostics import info
 from onnxport.decoder.flow import MAX_LENGTH, run_model
+from onnxport.decoder.layout import fitted_max_length
 from onnxport.decoder.outcome import to_outcome
 from onnxport.decoder.prove import NEW_TOKENS
 from onnxport.decoder.tokenizer import save_tokenizer
@@ -15,13 +16,18 @@ def stage(run: Run) -> Run:
     """A causal LM: one ONNX model with the KV cache as inputs and outputs, proven step by step and by greedy
     generation against ``model.generate`` (:mod:`onnxport.decoder`), and its variants when asked for."""
     o = run.options
-    max_length = o.export.max_length or MAX_LENGTH
+    max_length, fitted = ((o.export.max_length, None) if o.export.max_length
+                          else fitted_max_length(run.loaded.model, MAX_LENGTH))
     made = run_model(run.loaded.model, run.out, opset=o.export.opset, tolerance=o.proof.tolerance,
                      progress=run.progress, max_length=max_length,
                      new_tokens=max(1, min(NEW_TOKENS, max_length - 4)),
                      variants=o.optimize.variants, budget_s=o.optimize.budget,
                      threads=o.bench.threads if o.bench is not None else None, seq=o.optimize.seq)
     diags = list(run.loaded.diagnostics)
+    if o.export.max_length is None and fitted is not None:
+        diags.append(info("max-length-fitted", f"--max-length {MAX_LENGTH} (the default) exceeds the {fitted} "
+                                               f"positions the model was built for: exported for {fitted} tokens",
+                          hint="give --max-length to choose another length"))
     if save_tokenizer(run.loaded.source.split(":", 1)[1], run.out) is not None:  # generate takes and gives text
         diags.append(info("tokenizer-copied", "the model's tokenizer is in tokenizer/: serve's generate "
                                               "endpoint takes and returns text"))

@@ -55,6 +55,15 @@ def _positions(config, *names: str) -> int | None:
     return None
 
 
+def fitted_max_length(model: nn.Module, default: int) -> tuple[int, int | None]:
+    """(the maximum decoder length to export when none was asked for, the decoder's positions when they are
+    fewer than ``default``): a model built for fewer positions is exported at all of them, not refused."""
+    limit = _positions(getattr(model, "config", None), "max_target_positions", "max_position_embeddings")
+    if limit is not None and 2 <= limit < default:
+        return limit, limit
+    return default, None
+
+
 def seq2seq_layout(model: nn.Module, max_length: int, max_source: int) -> Seq2SeqLayout:
     """The layout of ``model`` (a transformers encoder-decoder) for up to ``max_length`` decoder tokens and
     sources up to ``max_source`` tokens, read from the cache it returns on a short first step; what it cannot

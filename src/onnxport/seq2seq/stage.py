@@ -14,6 +14,7 @@ from onnxport.decoder.records import DecoderVariants
 from onnxport.decoder.tokenizer import save_tokenizer
 from onnxport.families import Run
 from onnxport.seq2seq.flow import MAX_LENGTH, run_model
+from onnxport.seq2seq.layout import fitted_max_length
 from onnxport.seq2seq.outcome import to_outcome
 from onnxport.seq2seq.prove import NEW_TOKENS
 from onnxport.seq2seq.records import FEATURE_EXTRACTOR_FILE
@@ -78,12 +79,17 @@ def stage(run: Run) -> Run:
     ``model.generate`` (:mod:`onnxport.seq2seq`); the tokenizer (and a speech model's feature extractor) copied
     beside them."""
     o = run.options
-    max_length = o.export.max_length or MAX_LENGTH
+    max_length, fitted = ((o.export.max_length, None) if o.export.max_length
+                          else fitted_max_length(run.loaded.model, MAX_LENGTH))
     made = run_model(run.loaded.model, run.out, opset=o.export.opset, tolerance=o.proof.tolerance,
                      progress=run.progress, max_length=max_length, new_tokens=min(NEW_TOKENS, max_length),
                      variants=o.optimize.variants, budget_s=o.optimize.budget,
                      threads=o.bench.threads if o.bench is not None else None)
     diags = list(run.loaded.diagnostics)
+    if o.export.max_length is None and fitted is not None:
+        diags.append(info("max-length-fitted", f"--max-length {MAX_LENGTH} (the default) exceeds the {fitted} "
+                                               f"positions the model was built for: exported for {fitted} tokens",
+                          hint="give --max-length to choose another length"))
     if save_tokenizer(run.loaded.source.split(":", 1)[1], run.out) is not None:  # generate takes and gives text
         diags.append(info("tokenizer-copied", "the model's tokenizer is in tokenizer/: serve's generate "
                                               "endpoint takes and returns text"))
