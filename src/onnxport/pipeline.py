@@ -221,15 +221,14 @@ def _export(run: Run) -> Run:
     try:
         result = next(found)
     except ExportFailed as e:
-        run.timings["export"] = time.perf_counter() - t
+        run = run.timed(export=time.perf_counter() - t)
         diags.extend(diagnose.enrich(list(e.diagnostics), loaded, ()))
         diags.extend(diagnose.explain_attempts(e.attempts, loaded, failed=True))
         diags.append(error("export-failed", e.message, hint=e.hint))
         outcome = Outcome(loaded, run.options.command, tuple(rootcause.rank(diags)), dict(run.timings),
                           attempts=e.attempts, log=run.options.log_name, custom_functions=customs)
         return run.but(outcome=outcome, stopped=True)
-    run.timings["export"] = time.perf_counter() - t
-    run = run.but(candidates=found if ex.exporter == "auto" else None)
+    run = run.timed(export=time.perf_counter() - t).but(candidates=found if ex.exporter == "auto" else None)
     return _exported(run, result, customs)
 
 
@@ -282,9 +281,8 @@ def _prove(run: Run) -> Run:
             trial = first.but(result=dataclasses.replace(first.result, attempts=stop.value or first.result.attempts))
             trial = trial.but(outcome=trial.outcome.but(export=trial.result))
             break
-        finally:
-            run.timings["export"] = run.timings.get("export", 0.0) + time.perf_counter() - t
-        run = _exported(run.but(timings=trial.timings), result, run.outcome.custom_functions)
+        spent = {"export": trial.timings.get("export", 0.0) + time.perf_counter() - t}
+        run = _exported(run.but(timings={**trial.timings, **spent}), result, run.outcome.custom_functions)
     if run.candidates is not None:
         run.candidates.close()
     run = trial.but(candidates=None)
@@ -301,7 +299,8 @@ def _proof_of(run: Run, localize_failure: bool = True) -> Run:
     outcome, refs = _check_and_compare(run, list(run.outcome.diagnostics), localize_failure)
     outcome = outcome.but(log=run.options.log_name, stage_seconds=run.outcome.stage_seconds,
                           custom_functions=run.outcome.custom_functions)
-    return _prove_samples(run.but(loaded=outcome.loaded, outcome=outcome, references=refs))
+    return _prove_samples(run.but(loaded=outcome.loaded, outcome=outcome, references=refs,
+                                  timings=dict(outcome.timings)))
 
 
 def _worth_another_export(run: Run) -> bool:
@@ -414,7 +413,7 @@ def _prove_samples(run: Run) -> Run:
     refs = proving_samples.references(outcome.loaded, samples)
     proof = proving_samples.check(outcome.loaded, run.result.path, refs, run.options.proof.tolerance,
                                   sess=runtime.session(run.result.path, providers=run.providers()))
-    run.timings["samples"] = time.perf_counter() - t
+    run = run.timed(samples=time.perf_counter() - t)
     outcome = outcome.but(samples=proof, diagnostics=(*outcome.diagnostics, *proving_samples.diagnostics(proof)),
                           timings=dict(run.timings))
     return run.but(outcome=outcome, sample_refs=refs)
@@ -424,7 +423,7 @@ def _check_and_compare(run: Run, diags: list[Diagnostic], localize_failure: bool
     """The proof: structural check, branch coverage, parity on the case matrix, and the localization of the
     first failing case; with PyTorch's outputs on the cases. The returned outcome's ``loaded`` runs on the run's
     device."""
-    loaded, result, tolerance, timings = run.loaded, run.result, run.options.proof.tolerance, run.timings
+    loaded, result, tolerance, timings = run.loaded, run.result, run.options.proof.tolerance, dict(run.timings)
     run.progress("checking the graph")
     t = time.perf_counter()
     checked = check(result.path, loaded.inputs, loaded.dims)

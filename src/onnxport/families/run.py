@@ -4,7 +4,7 @@ types a family's stages are written against, below the families so that each may
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ class Run:
     loaded: LoadedModel
     out: Path
     progress: Progress = noop
-    timings: dict[str, float] = field(default_factory=dict)  # the finer timings (load, check, parity, …)
+    timings: Mapping[str, float] = field(default_factory=dict)  # the finer timings (load, check, parity, …)
     samples: SampleSet | None = None
     work: Path | None = None  # a scratch folder in OUT, removed at the end
     source_file: Path | None = None  # compare/optimize/bench: the user's ONNX file, proven in place
@@ -45,6 +45,10 @@ class Run:
 
     def but(self, **changes: Any) -> Run:
         return dataclasses.replace(self, **changes)
+
+    def timed(self, **seconds: float) -> Run:
+        """This run with ``seconds`` set in its timings (a new mapping: the runs before keep theirs)."""
+        return self.but(timings={**self.timings, **seconds})
 
     @property
     def proven(self) -> bool:
