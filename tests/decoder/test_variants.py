@@ -25,7 +25,8 @@ NEW_TOKENS = 8
 def llama_run(tmp_path_factory):
     model = _tiny("llama")
     out = tmp_path_factory.mktemp("llama-variants")
-    return model, decoder.run_model(model, out, max_length=MAX_LENGTH, new_tokens=NEW_TOKENS, variants=True)
+    return model, decoder.run_model(model, out, max_length=MAX_LENGTH, new_tokens=NEW_TOKENS,
+                                    variants=decoder.CacheVariants(True))
 
 
 def _matmuls(path) -> int:
@@ -154,7 +155,7 @@ def test_gemm_with_transposed_weight_becomes_matmul():
 def test_gpt2_variants(tmp_path):
     """GPT-2: its Gemm layers and tied lm_head (a Transpose of the embedding) are quantized too; LayerNorm fuses."""
     outcome = decoder.run_model(_tiny("gpt2"), tmp_path, max_length=MAX_LENGTH, new_tokens=NEW_TOKENS,
-                                variants=True)
+                                variants=decoder.CacheVariants(True))
     made = outcome.variants
     fused = made.get("fused")
     assert fused.passed and fused.strict, fused.to_dict()

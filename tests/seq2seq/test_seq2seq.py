@@ -16,6 +16,7 @@ import transformers
 from onnxport import api, seq2seq
 from onnxport.core.errors import UsageError
 from onnxport.core.greedy import PLAIN
+from onnxport.decoder.records import CacheVariants
 from onnxport.seq2seq.feeds import encoder_inputs
 from onnxport.seq2seq.prove import reference_generate
 from tests.conftest import load_report, run_cli
@@ -191,7 +192,8 @@ def test_a_refusal_is_one_line_and_exit_2_through_the_cli(t5_dir, tmp_path):
 
 @pytest.mark.slow
 def test_variants_are_judged_and_timed_and_the_export_kept_unless_clearly_faster(tmp_path):
-    made = seq2seq.run_model(tiny("t5"), tmp_path, max_length=24, new_tokens=16, variants="all", threads=1)
+    made = seq2seq.run_model(tiny("t5"), tmp_path, max_length=24, new_tokens=16,
+                             variants=CacheVariants("all", threads=1))
     assert made.passed and made.variants is not None
     byname = {v.name: v for v in made.variants.variants}
     assert set(byname) == {"export", "fused", "int8"}
@@ -208,5 +210,5 @@ def test_variants_are_judged_and_timed_and_the_export_kept_unless_clearly_faster
 
 def test_an_unknown_variant_is_refused_before_the_export(tmp_path):
     with pytest.raises(UsageError) as e:
-        seq2seq.run_model(tiny("t5"), tmp_path, variants=["int4"])
+        seq2seq.run_model(tiny("t5"), tmp_path, variants=CacheVariants(["int4"]))
     assert "int4" in e.value.message and not any(tmp_path.iterdir())

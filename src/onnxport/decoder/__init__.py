@@ -8,6 +8,7 @@ from onnxport.decoder.outcome import to_outcome
 from onnxport.decoder.prove import greedy, prove_decoder, step_matrix
 from onnxport.decoder.records import (
     CacheLayout,
+    CacheVariants,
     DecoderExport,
     DecoderOutcome,
     DecoderProof,
@@ -22,6 +23,7 @@ __all__ = [
     "CACHE_TASKS",
     "MAX_LENGTH",
     "CacheLayout",
+    "CacheVariants",
     "CachedDecoder",
     "DecoderExport",
     "DecoderOutcome",

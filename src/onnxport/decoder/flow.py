@@ -18,7 +18,7 @@ from onnxport.decoder.export import export_decoder
 from onnxport.decoder.exportable import upcast
 from onnxport.decoder.layout import NO_CACHE_HINT, architectures, cache_layout, is_causal_lm
 from onnxport.decoder.prove import NEW_TOKENS, prove_decoder
-from onnxport.decoder.records import DecoderOutcome
+from onnxport.decoder.records import CacheVariants, DecoderOutcome
 from onnxport.decoder.variants import optimize_decoder, variant_names
 from onnxport.optimize.passes import install_best
 from onnxport.optimize.registry import BASELINE
@@ -41,7 +41,7 @@ def wants_cache(source: str, task: str | None) -> bool:
 
 def run(model_dir: str | Path, out: str | Path, *, max_length: int = MAX_LENGTH, opset: int | None = None,
         tolerance: Tolerance = FP32, new_tokens: int = NEW_TOKENS, trust_remote_code: bool = False,
-        variants: Names | bool = None, progress: Progress = noop) -> DecoderOutcome:
+        variants: CacheVariants | None = None, progress: Progress = noop) -> DecoderOutcome:
     """Load the causal LM in ``model_dir`` (local only, as ``hf:DIR``) and hand it to :func:`run_model`."""
     from onnxport.sources.hf import load_hf
 
@@ -63,19 +63,18 @@ def _names(variants: Names | bool) -> Names:
 
 
 def run_model(model: nn.Module, out: str | Path, *, max_length: int = MAX_LENGTH, opset: int | None = None,
-              tolerance: Tolerance = FP32, new_tokens: int = NEW_TOKENS, variants: Names | bool = None,
-              progress: Progress = noop, budget_s: float | None = None, threads: int | None = None,
-              seq: int | None = None) -> DecoderOutcome:
+              tolerance: Tolerance = FP32, new_tokens: int = NEW_TOKENS, progress: Progress = noop,
+              variants: CacheVariants | None = None) -> DecoderOutcome:
     """Export ``model`` (a transformers causal LM in eval mode) with its cache into ``out`` and prove it: step
     cases against PyTorch and greedy generation against ``model.generate``. ``out/model.onnx`` is written only
     when every check passes, else ``out/model.unverified.onnx``. A model in bfloat16 or float16 is upcast to
     float32 in place (exactly) and exported and proven in float32. A model without a standard cache, or a
-    ``max_length`` it cannot take, is a UsageError before anything is exported. With ``variants`` ("auto",
-    "all" or names of the decoder kind; None: none) a proven export gets its optimized variants in
-    ``out/variants/`` (:func:`optimize_decoder`; ``budget_s``, ``threads``, ``seq``: its budget, onnxruntime's
-    threads and the prompt length decode speed is timed after) and the best one, when not the export itself,
-    is copied to ``out/best.onnx``."""
-    names = _names(variants)
+    ``max_length`` it cannot take, is a UsageError before anything is exported. With ``variants`` (its
+    ``names``: "auto", "all" or names of the decoder kind; None: none) a proven export gets its optimized
+    variants in ``out/variants/`` (:func:`optimize_decoder`, with the record's budget, threads and ``seq``) and
+    the best one, when not the export itself, is copied to ``out/best.onnx``."""
+    variants = variants or CacheVariants()
+    names = _names(variants.names)
     if names is not None:
         variant_names(names)  # an unknown name fails before the (slow) export
     out = Path(out)
@@ -100,7 +99,7 @@ def run_model(model: nn.Module, out: str | Path, *, max_length: int = MAX_LENGTH
     built = None
     if names is not None and proof.passed:
         built = optimize_decoder(model, layout, final, out, names=names, tolerance=tolerance, progress=progress,
-                                 budget_s=budget_s, threads=threads, seq=seq)
+                                 budget_s=variants.budget_s, threads=variants.threads, seq=variants.seq)
         best = built.best
         if best is not None and best.name != BASELINE and best.path is not None:
             install_best(best.path, out)  # what serve and triton take

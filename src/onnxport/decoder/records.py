@@ -3,7 +3,7 @@ generation and the whole outcome (frozen dataclasses with ``to_dict`` for the re
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +16,7 @@ from onnxport.optimize.gates import GATES
 from onnxport.optimize.passes import MIN_GAIN, clearly_faster
 from onnxport.optimize.result import SkipReason
 
-__all__ = ["DECODER_GATES", "MIN_GAIN", "CacheLayout", "DecoderExport", "DecoderOutcome", "DecoderProof",
+__all__ = ["DECODER_GATES", "MIN_GAIN", "CacheLayout", "CacheVariants", "DecoderExport", "DecoderOutcome", "DecoderProof",
            "DecoderVariant", "DecoderVariants", "GenerationCheck", "StepCase"]
 
 DECODER_GATES = GATES  # the quantized decoder variants pass the same gates as every other variant
@@ -65,6 +65,18 @@ class CacheLayout:
                 "position_ids": self.position_ids, "max_length": self.max_length,
                 "value_dim": self.value_head_dim, "sliding_window": self.sliding_window,
                 **({"generation": self.generation.to_dict()} if self.generation is not None else {})}
+
+
+@dataclass(frozen=True)
+class CacheVariants:
+    """The optimized variants an export with a cache gets: ``names`` ("auto", "all" or names of the kind;
+    True: all; None: none), the budget no variant is started after, onnxruntime's threads for judging and
+    timing, and (decoders) the prompt length decode speed is timed after."""
+
+    names: Sequence[str] | str | bool | None = None
+    budget_s: float | None = None
+    threads: int | None = None
+    seq: int | None = None
 
 
 @dataclass(frozen=True)

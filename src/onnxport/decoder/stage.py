@@ -8,6 +8,7 @@ from onnxport.decoder.flow import MAX_LENGTH, run_model
 from onnxport.decoder.layout import fitted_max_length
 from onnxport.decoder.outcome import to_outcome
 from onnxport.decoder.prove import NEW_TOKENS
+from onnxport.decoder.records import CacheVariants
 from onnxport.decoder.tokenizer import save_tokenizer
 from onnxport.families import Run
 
@@ -21,8 +22,8 @@ def stage(run: Run) -> Run:
     made = run_model(run.loaded.model, run.out, opset=o.export.opset, tolerance=o.proof.tolerance,
                      progress=run.progress, max_length=max_length,
                      new_tokens=max(1, min(NEW_TOKENS, max_length - 4)),
-                     variants=o.optimize.variants, budget_s=o.optimize.budget,
-                     threads=o.bench.threads if o.bench is not None else None, seq=o.optimize.seq)
+                     variants=CacheVariants(o.optimize.variants, o.optimize.budget,
+                                            o.bench.threads if o.bench is not None else None, o.optimize.seq))
     diags = list(run.loaded.diagnostics)
     if o.export.max_length is None and fitted is not None:
         diags.append(info("max-length-fitted", f"--max-length {MAX_LENGTH} (the default) exceeds the {fitted} "

@@ -4,7 +4,6 @@ and keep the proven names only when everything passes (else ``*.unverified.onnx`
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 
 from torch import nn
@@ -15,6 +14,7 @@ from onnxport.core.onnxfile import move_model, remove_model
 from onnxport.core.records import FP32, Tolerance
 from onnxport.core.spec import InputSpec
 from onnxport.decoder.exportable import upcast
+from onnxport.decoder.records import CacheVariants
 from onnxport.seq2seq.export import export_seq2seq
 from onnxport.seq2seq.generation import open_sessions
 from onnxport.seq2seq.layout import NO_CACHE_HINT, is_seq2seq, seq2seq_layout
@@ -72,15 +72,16 @@ def run(model_dir: str | Path, out: str | Path, **kw) -> Seq2SeqOutcome:
 
 def run_model(model: nn.Module, out: str | Path, *, max_length: int = MAX_LENGTH, max_source: int = MAX_SOURCE,
               opset: int | None = None, tolerance: Tolerance = FP32, new_tokens: int = NEW_TOKENS,
-              progress: Progress = noop, variants: Sequence[str] | str | None = None, threads: int | None = None,
-              budget_s: float | None = None) -> Seq2SeqOutcome:
+              progress: Progress = noop, variants: CacheVariants | None = None) -> Seq2SeqOutcome:
     """Export ``model`` (a transformers encoder-decoder) as ``encoder_model.onnx``, ``decoder_model.onnx`` and
     ``decoder_with_past_model.onnx`` into ``out`` and prove them: step cases against PyTorch and greedy
     generation against ``model.generate``. The files keep these names only when every check passes, else
     they are written as ``*.unverified.onnx``. A model in bfloat16 / float16 is upcast to float32 (exactly).
-    With ``variants`` ("auto", "all" or names; None: none) proven files get their optimized variants in
-    ``out/variants/<name>/`` (:func:`~onnxport.seq2seq.variants.optimize_seq2seq`)."""
-    names = variant_names(variants)  # an unknown name fails before the (slow) export
+    With ``variants`` (its ``names``: "auto", "all" or names; None: none) proven files get their optimized
+    variants in ``out/variants/<name>/`` (:func:`~onnxport.seq2seq.variants.optimize_seq2seq`, with the
+    record's budget and threads)."""
+    variants = variants or CacheVariants()
+    names = variant_names(variants.names)  # an unknown name fails before the (slow) export
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.eval()
@@ -102,6 +103,6 @@ def run_model(model: nn.Module, out: str | Path, *, max_length: int = MAX_LENGTH
             move_model(Path(work) / name, out / final_name(name, proof.passed))
     built = None
     if names and proof.passed:
-        built = optimize_seq2seq(model, layout, out, out, names=names, tolerance=tolerance, threads=threads,
-                                 budget_s=budget_s, progress=progress)
+        built = optimize_seq2seq(model, layout, out, out, names=names, tolerance=tolerance,
+                                 threads=variants.threads, budget_s=variants.budget_s, progress=progress)
     return Seq2SeqOutcome(out, layout, made, proof, built)

@@ -10,7 +10,7 @@ from onnxport.core.diagnostics import Diagnostic, info
 from onnxport.core.errors import UsageError
 from onnxport.core.options import Options
 from onnxport.decoder.applies import bench_label
-from onnxport.decoder.records import DecoderVariants
+from onnxport.decoder.records import CacheVariants, DecoderVariants
 from onnxport.decoder.tokenizer import save_tokenizer
 from onnxport.families import Run
 from onnxport.seq2seq.flow import MAX_LENGTH, run_model
@@ -83,8 +83,8 @@ def stage(run: Run) -> Run:
                           else fitted_max_length(run.loaded.model, MAX_LENGTH))
     made = run_model(run.loaded.model, run.out, opset=o.export.opset, tolerance=o.proof.tolerance,
                      progress=run.progress, max_length=max_length, new_tokens=min(NEW_TOKENS, max_length),
-                     variants=o.optimize.variants, budget_s=o.optimize.budget,
-                     threads=o.bench.threads if o.bench is not None else None)
+                     variants=CacheVariants(o.optimize.variants, o.optimize.budget,
+                                            o.bench.threads if o.bench is not None else None))
     diags = list(run.loaded.diagnostics)
     if o.export.max_length is None and fitted is not None:
         diags.append(info("max-length-fitted", f"--max-length {MAX_LENGTH} (the default) exceeds the {fitted} "
