@@ -376,13 +376,19 @@ def test_a_model_with_fewer_positions_than_the_default_length_is_exported_at_all
     from tests.conftest import load_report, run_cli
 
     torch.manual_seed(0)
-    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64,
-                                                         n_positions=40)).save_pretrained(tmp_path / "gpt2")
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64,
+                                                                 n_positions=40))
+    model.generation_config.update(do_sample=True, top_k=5, num_beams=2)  # what greedy files cannot do: named
+    model.save_pretrained(tmp_path / "gpt2")
     r = run_cli("export", f"hf:{tmp_path / 'gpt2'}", "-o", str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr[-3000:]
     rep = load_report(tmp_path / "out")
     assert rep["decoder"]["layout"]["max_length"] == 40 and rep["decoder"]["proof"]["passed"]
     fitted = [d for d in rep["diagnostics"] if d["code"] == "max-length-fitted"]
     assert len(fitted) == 1 and "40 positions" in fitted[0]["message"]
+    named = [d for d in rep["diagnostics"] if d["code"] == "generation-not-applied"]
+    assert len(named) == 1 and named[0]["severity"] == "warning"
+    assert "do_sample=True" in named[0]["message"] and "num_beams=2" in named[0]["message"]
+    assert rep["decoder"]["layout"]["generation"]["not_applied"] == ["do_sample=True", "num_beams=2"]
     r = run_cli("export", f"hf:{tmp_path / 'gpt2'}", "-o", str(tmp_path / "asked"), "--max-length", "128")
     assert r.returncode == 2 and "exceeds the 40 positions" in r.stderr

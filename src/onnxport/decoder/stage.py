@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from onnxport import rootcause
-from onnxport.core.diagnostics import info
+from onnxport.core.diagnostics import Diagnostic, info, warning
+from onnxport.core.greedy import GreedyRules
 from onnxport.decoder.flow import MAX_LENGTH, run_model
 from onnxport.decoder.layout import fitted_max_length
 from onnxport.decoder.outcome import to_outcome
@@ -11,6 +12,18 @@ from onnxport.decoder.prove import NEW_TOKENS
 from onnxport.decoder.records import CacheVariants
 from onnxport.decoder.tokenizer import save_tokenizer
 from onnxport.families import Run
+
+
+def generation_notes(rules: GreedyRules | None) -> list[Diagnostic]:
+    """A warning naming what the generation config asks that greedy decoding with the exported files does not
+    do (sampling, beams, ...): ``generate()`` with that config gives other tokens than serve and Triton."""
+    if rules is None or not rules.not_applied:
+        return []
+    return [warning("generation-not-applied", f"the generation config asks for {', '.join(rules.not_applied)}, "
+                    "which greedy decoding with the exported files does not apply: serve and the Triton model "
+                    "decode greedily with the rest of the config (its other rules are applied)",
+                    hint="set these in generation_config.json to greedy values (do_sample false, num_beams 1) "
+                         "to have the served tokens equal generate()'s (docs/decoders.md)")]
 
 
 def stage(run: Run) -> Run:
@@ -24,7 +37,7 @@ def stage(run: Run) -> Run:
                      new_tokens=max(1, min(NEW_TOKENS, max_length - 4)),
                      variants=CacheVariants(o.optimize.variants, o.optimize.budget,
                                             o.bench.threads if o.bench is not None else None, o.optimize.seq))
-    diags = list(run.loaded.diagnostics)
+    diags = list(run.loaded.diagnostics) + generation_notes(made.layout.generation)
     if o.export.max_length is None and fitted is not None:
         diags.append(info("max-length-fitted", f"--max-length {MAX_LENGTH} (the default) exceeds the {fitted} "
                                                f"positions the model was built for: exported for {fitted} tokens",

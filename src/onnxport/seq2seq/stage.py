@@ -11,6 +11,7 @@ from onnxport.core.errors import UsageError
 from onnxport.core.options import Options
 from onnxport.decoder.applies import bench_label
 from onnxport.decoder.records import CacheVariants, DecoderVariants
+from onnxport.decoder.stage import generation_notes
 from onnxport.decoder.tokenizer import save_tokenizer
 from onnxport.families import Run
 from onnxport.seq2seq.flow import MAX_LENGTH, run_model
@@ -85,7 +86,7 @@ def stage(run: Run) -> Run:
                      progress=run.progress, max_length=max_length, new_tokens=min(NEW_TOKENS, max_length),
                      variants=CacheVariants(o.optimize.variants, o.optimize.budget,
                                             o.bench.threads if o.bench is not None else None))
-    diags = list(run.loaded.diagnostics)
+    diags = list(run.loaded.diagnostics) + generation_notes(made.layout.generation)
     if o.export.max_length is None and fitted is not None:
         diags.append(info("max-length-fitted", f"--max-length {MAX_LENGTH} (the default) exceeds the {fitted} "
                                                f"positions the model was built for: exported for {fitted} tokens",
