@@ -19,10 +19,10 @@ from onnxport.core.greedy import GreedyRules
 from onnxport.decoder.flow import run_model
 from onnxport.decoder.generation import generate_greedy, stream_greedy
 from onnxport.decoder.prove import greedy
+from onnxport.decoder.serving import DEFAULT_MAX_LENGTH, decoder_layout
 from onnxport.decoder.tokenizer import load_tokenizer, save_tokenizer
 from onnxport.runtime.sessions import session
 from onnxport.serve import serve_app, signature
-from onnxport.serve.generate import DEFAULT_MAX_LENGTH, decoder_layout
 from tests.serve.test_serve import fixed_shape_model, get, metric, post, running
 
 MAX_LENGTH = 48
@@ -370,7 +370,7 @@ def test_served_config_names_the_generation_rules(server, llm):
     assert params["onnxport_generation_not_applied"]["string_value"] == "none"
     layout = llm["layout"]
     ruled = dataclasses.replace(layout, generation=GreedyRules(repetition_penalty=1.3, not_applied=("num_beams=4",)))
-    from onnxport.serve.generate import Generator
+    from onnxport.decoder.serving import Generator
 
     params = Generator(ruled, load_tokenizer(llm["out"])).config_parameters()
     assert params == {"onnxport_generation_applied": "eos_token_ids, repetition_penalty",

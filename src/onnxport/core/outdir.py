@@ -165,3 +165,13 @@ def publish(stage: Path, out: Path) -> None:
         if entry.name.startswith("."):
             continue  # scratch
         os.replace(entry, out / entry.name)
+
+
+VARIANTS_DIR = "variants"  # OUT/variants/<name>/: convert's optimized variants
+
+
+def served_output_folder(path: str | Path) -> Path:
+    """The output folder a served file belongs to (where its tokenizer and report are): its own folder, or
+    ``OUT`` for a variant's file in ``OUT/variants/<name>/``."""
+    parent = Path(path).parent
+    return parent.parent.parent if parent.parent.name == VARIANTS_DIR else parent

@@ -7,30 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
 from onnxport import families
 from onnxport.core.errors import UsageError
 from onnxport.core.greedy import GreedyRules
-from onnxport.decoder.generation import check_room, stream_greedy
-from onnxport.decoder.records import CacheLayout
-from onnxport.decoder.tokenizer import load_tokenizer
-from onnxport.seq2seq.generation import Sessions, open_sessions
-from onnxport.seq2seq.generation import check_room as seq2seq_room
-from onnxport.seq2seq.generation import stream_greedy as seq2seq_stream
-from onnxport.seq2seq.records import FILES, WITH_PAST_FILE, Seq2SeqLayout
-from onnxport.serve.models import Signature, output_folder
+from onnxport.serve.models import Signature
 from onnxport.serve.protocol import BadRequest
-from onnxport.serve.speech import load_feature_extractor, log_mel, speech_source
+from onnxport.serve.speech import speech_source
 
-DEFAULT_MAX_LENGTH = 128  # the export's default --max-length, for a decoder served without its report.json
 DEFAULT_MAX_TOKENS = 16
 MAX_TOKENS_LIMIT = 4096
 CHARS_PER_TOKEN = 64  # text longer than this many characters per allowed token is refused untokenized
@@ -40,49 +32,25 @@ NOT_A_DECODER = ("generate needs a decoder exported with its KV cache (inputs in
                  "past_key_values.*; outputs logits and present.*)")
 
 
-@dataclass(frozen=True)
-class Generator:
-    """What a served decoder generates with: its cache layout, and its tokenizer when the folder has one."""
+class Generator(Protocol):
+    """What the generate extension asks of a model family's generator (:attr:`onnxport.families.Family.generator`
+    builds one per served model): its layout (``vocab``, ``max_length``; ``speech`` for audio in), its
+    tokenizer (None: token ids only), the generation config's rules, a check of the room left, and the step
+    loop; a speech model's feature extractor as ``extractor``."""
 
-    layout: CacheLayout
-    tokenizer: object | None = None
-
-    @property
-    def eos_token_id(self) -> int | None:
-        eos = getattr(self.tokenizer, "eos_token_id", None)
-        return eos if isinstance(eos, int) else None
+    layout: Any
+    tokenizer: Any
 
     @property
-    def rules(self) -> GreedyRules:
-        """The generation config's rules the export recorded (none: plain greedy), stopping at the tokenizer's
-        end-of-sequence token as well (as text-generation servers do)."""
-        recorded = getattr(self.layout, "generation", None) or GreedyRules()
-        return _stop_at(recorded, self.eos_token_id)
+    def rules(self) -> GreedyRules: ...
 
-    def to_dict(self) -> dict:
-        return {"layout": self.layout.to_dict(), "tokenizer": self.tokenizer is not None,
-                "eos_token_id": self.eos_token_id}
+    def check_room(self, prompt: int, new_tokens: int) -> None: ...
 
-    def config_parameters(self) -> dict[str, str]:
-        """What the served config says of generation: the generation config's rules applied, and those not."""
-        rules = self.rules
-        return {"onnxport_generation_applied": ", ".join(rules.applied) or "none (plain greedy)",
-                "onnxport_generation_not_applied": ", ".join(rules.not_applied) or "none"}
+    def stream(self, sess: Any, ids: np.ndarray, max_tokens: int, rules: GreedyRules) -> Iterator[np.ndarray]: ...
 
-    def check_room(self, prompt: int, new_tokens: int) -> None:
-        """UsageError when the prompt and the new tokens do not fit the export's lengths."""
-        check_room(self.layout, prompt, new_tokens)
+    def to_dict(self) -> dict: ...
 
-    def stream(self, sess, ids: np.ndarray, max_tokens: int, rules: GreedyRules) -> Iterator[np.ndarray]:
-        """Greedy tokens for the prompt ``ids`` [1, n] under ``rules``, one step at a time."""
-        return stream_greedy(sess, self.layout, ids, np.ones_like(ids), max_tokens, rules)
-
-
-def _stop_at(rules: GreedyRules, eos: int | None) -> GreedyRules:
-    """``rules`` with ``eos`` among its end-of-sequence tokens."""
-    if eos is None or eos in rules.eos_token_ids:
-        return rules
-    return dataclasses.replace(rules, eos_token_ids=(*rules.eos_token_ids, eos))
+    def config_parameters(self) -> dict[str, str]: ...
 
 
 @dataclass(frozen=True)
@@ -102,44 +70,6 @@ class GenerateRequest:
                 "ignore_eos": self.ignore_eos, **({"source_shape": shape} if shape else {})}
 
 
-def decoder_layout(sig: Signature, report_layout: object = None) -> CacheLayout | None:
-    """The cache layout of a served model whose inputs and outputs are named as a decoder export names them
-    (None for any other model). Layers, kv heads and head dim come from the input shapes, else from
-    ``report.json``'s ``decoder.layout``; the maximum length from that layout, else DEFAULT_MAX_LENGTH."""
-    inputs = {t.name: t for t in sig.inputs}
-    outputs = {t.name for t in sig.outputs}
-    layers = sum(1 for name in inputs if name.startswith("past_key_values.") and name.endswith(".key"))
-    position_ids = "position_ids" in inputs
-    expected = ({"input_ids", "attention_mask"} | ({"position_ids"} if position_ids else set())
-                | {f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")})
-    wanted_out = {"logits"} | {f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")}
-    if layers < 1 or set(inputs) != expected or not wanted_out <= outputs:
-        return None
-    if any(inputs[n].dtype != "int64" for n in expected if not n.startswith("past_key_values.")):
-        return None
-    report = report_layout if isinstance(report_layout, dict) else {}
-    shape = inputs["past_key_values.0.key"].shape or ()
-    logits = next(t for t in sig.outputs if t.name == "logits").shape or ()
-
-    def dim(dims: tuple, index: int, key: str) -> int | None:
-        value = dims[index] if -len(dims) <= index < len(dims) else None
-        value = value if isinstance(value, int) and value > 0 else report.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-    kv_heads, head_dim = dim(shape, 1, "kv_heads"), dim(shape, 3, "head_dim")
-    if len(shape) != 4 or kv_heads is None or head_dim is None:
-        return None
-    max_length = report.get("max_length")
-    max_length = max_length if isinstance(max_length, int) and max_length > 1 else DEFAULT_MAX_LENGTH
-    value = inputs["past_key_values.0.value"].shape or ()
-    value_dim = dim(value, 3, "value_dim") if len(value) == 4 else None  # latent attention: values of their own width
-    rules = report.get("generation")
-    return CacheLayout(str(report.get("architecture", "")), str(report.get("model_type", "")), layers,
-                       dim((), 0, "heads") or kv_heads, kv_heads, head_dim, dim(logits, -1, "vocab") or 0,
-                       position_ids, max_length, value_dim=value_dim if value_dim != head_dim else None,
-                       generation=GreedyRules.from_dict(rules) if isinstance(rules, dict) else None)
-
-
 def load_generator(sig: Signature, onnx_path: Path, report_layout: object = None) -> Generator | None:
     """The generator of a served model that generates (None for any other model): the one the first model
     family's ``generator`` builds for it (:mod:`onnxport.families`)."""
@@ -148,15 +78,6 @@ def load_generator(sig: Signature, onnx_path: Path, report_layout: object = None
         if make is not None and (gen := make(sig, onnx_path, report_layout)) is not None:
             return gen
     return None
-
-
-def decoder_generator(sig: Signature, onnx_path: Path, report_layout: object = None) -> Generator | None:
-    """The generator of a served decoder (None when the model is no decoder), with the tokenizer saved in
-    ``tokenizer/`` beside its ONNX file."""
-    layout = decoder_layout(sig, report_layout)
-    if layout is None:
-        return None
-    return Generator(layout, load_tokenizer(onnx_path.parent))
 
 
 def _int(value: object) -> bool:
@@ -220,8 +141,8 @@ def parse_request(body: object, gen: Generator, model: str) -> GenerateRequest:
     if request_id is not None and not isinstance(request_id, str):
         raise BadRequest("'id' must be a string")
     max_tokens, ignore_eos = _parameters(body.get("parameters"))
-    speech = isinstance(gen, Seq2SeqGenerator) and gen.layout.speech
-    source = speech_source(body, gen.layout, gen.extractor, model) if speech else None
+    speech = bool(getattr(gen.layout, "speech", False))
+    source = speech_source(body, gen.layout, getattr(gen, "extractor", None), model) if speech else None
     ids = () if speech else _prompt(body, gen, model)
     try:
         gen.check_room(1 if speech else len(ids), max_tokens)
@@ -350,63 +271,3 @@ async def generate_stream(sess, gen: Generator, req: GenerateRequest, model: str
     if pieces is not None:
         final["text_output"] = pieces.flush()
     yield sse(final)
-
-
-# --------------------------------------------------------------------------- encoder-decoders (docs/seq2seq.md)
-
-
-@dataclass(frozen=True)
-class Seq2SeqGenerator(Generator):
-    """An encoder-decoder served from its three files (``layout``: a :class:`~onnxport.seq2seq.Seq2SeqLayout`):
-    the prompt is the source (text or token ids; a speech model's log-mel features or audio, turned into
-    features by ``extractor``), the answer the decoder's greedy tokens from ``decoder_start_token_id``."""
-
-    sessions: Sessions | None = None
-    extractor: object | None = None  # speech: Whisper's feature extractor, when the folder has one
-
-    @property
-    def eos_token_id(self) -> int | None:
-        """The end-of-sequence token ``model.generate`` stops at (recorded by the export), else the tokenizer's."""
-        eos = getattr(self.layout, "eos_token", None)
-        return eos if isinstance(eos, int) else super().eos_token_id
-
-    @property
-    def rules(self) -> GreedyRules:
-        return _stop_at(self.layout.rules, super().eos_token_id)
-
-    def to_dict(self) -> dict:
-        return {**super().to_dict(), "feature_extractor": self.extractor is not None}
-
-    def check_room(self, prompt: int, new_tokens: int) -> None:
-        if prompt < 1:
-            raise UsageError("the prompt is empty", "give at least one source token")
-        if prompt > self.layout.max_source:
-            raise UsageError(f"a source of {prompt} tokens exceeds the declared maximum of {self.layout.max_source}",
-                             "shorten the source")
-        seq2seq_room(self.layout, new_tokens, self.rules)
-
-    def stream(self, sess, ids: np.ndarray, max_tokens: int, rules: GreedyRules) -> Iterator[np.ndarray]:
-        """Greedy tokens for the source ``ids`` [1, n] (speech: features [1, mel_bins, frames], or audio [n])."""
-        if not self.layout.speech:
-            return seq2seq_stream(self.sessions, self.layout, [ids, np.ones_like(ids)], max_tokens, rules)
-        features = log_mel(self.extractor, ids) if ids.ndim == 1 else ids
-        return seq2seq_stream(self.sessions, self.layout, [features], max_tokens, rules)
-
-
-def seq2seq_generator(sig: Signature, onnx_path: Path, report_layout: object = None) -> Seq2SeqGenerator | None:
-    """The generator of ``decoder_with_past_model.onnx`` served beside ``encoder_model.onnx`` and
-    ``decoder_model.onnx`` (the proven files, or a variant's in ``variants/<name>/``), with report.json's
-    ``seq2seq.layout`` (None for any other model); the tokenizer, and a speech model's feature extractor, come
-    from the output folder."""
-    names = {t.name for t in sig.inputs}
-    if not isinstance(report_layout, dict) or "past_key_values.0.decoder.key" not in names:
-        return None
-    try:
-        layout = Seq2SeqLayout.from_dict(report_layout)
-    except (TypeError, KeyError, ValueError):
-        return None
-    if onnx_path.name != WITH_PAST_FILE or not all((onnx_path.parent / n).is_file() for n in FILES):
-        return None
-    folder = output_folder(onnx_path)
-    extractor = load_feature_extractor(folder, layout) if layout.speech else None
-    return Seq2SeqGenerator(layout, load_tokenizer(folder), open_sessions(onnx_path.parent), extractor)

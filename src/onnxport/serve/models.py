@@ -11,6 +11,7 @@ from typing import Any
 
 from onnxport import families
 from onnxport.core.errors import UsageError, one_line
+from onnxport.core.outdir import served_output_folder
 from onnxport.prove.check import check
 from onnxport.runtime.sessions import OPT_LEVELS
 
@@ -26,7 +27,6 @@ NUMPY_DTYPES = {v: k for k, v in OIP_DATATYPES.items() if k not in ("object", "s
 DEFAULT_MAX_BATCH = 32
 DEFAULT_MAX_DELAY_MS = 2.0
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
-VARIANTS_DIR = "variants"  # OUT/variants/<name>/: convert's optimized variants
 
 
 def layout_file(family: families.Family) -> str:
@@ -204,10 +204,8 @@ def served_file(out: Path, report: object = None) -> Path | None:
 
 
 def output_folder(path: Path) -> Path:
-    """The output folder a served file belongs to (where its tokenizer and report are): its own folder, or
-    ``OUT`` for a variant's file in ``OUT/variants/<name>/``."""
-    parent = Path(path).parent
-    return parent.parent.parent if parent.parent.name == VARIANTS_DIR else parent
+    """The output folder a served file belongs to (:func:`onnxport.core.outdir.served_output_folder`)."""
+    return served_output_folder(path)
 
 
 def _constrained_dims(report: Any) -> dict | None:

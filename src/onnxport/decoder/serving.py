@@ -1,0 +1,112 @@
+"""What ``serve`` generates with for a decoder exported with its KV cache (:data:`onnxport.decoder.family.FAMILY`'s
+``generator``): the layout read back from the served file and report.json, the tokenizer beside it, the
+generation config's rules, and the step loop (:func:`~onnxport.decoder.generation.stream_greedy`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxport.core.greedy import GreedyRules
+from onnxport.decoder.generation import check_room, stream_greedy
+from onnxport.decoder.records import CacheLayout
+from onnxport.decoder.tokenizer import load_tokenizer
+
+DEFAULT_MAX_LENGTH = 128  # the export's default --max-length, for a decoder served without its report.json
+
+
+@dataclass(frozen=True)
+class Generator:
+    """What a served decoder generates with: its cache layout, and its tokenizer when the folder has one."""
+
+    layout: CacheLayout
+    tokenizer: object | None = None
+
+    @property
+    def eos_token_id(self) -> int | None:
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        return eos if isinstance(eos, int) else None
+
+    @property
+    def rules(self) -> GreedyRules:
+        """The generation config's rules the export recorded (none: plain greedy), stopping at the tokenizer's
+        end-of-sequence token as well (as text-generation servers do)."""
+        recorded = getattr(self.layout, "generation", None) or GreedyRules()
+        return stop_at(recorded, self.eos_token_id)
+
+    def to_dict(self) -> dict:
+        return {"layout": self.layout.to_dict(), "tokenizer": self.tokenizer is not None,
+                "eos_token_id": self.eos_token_id}
+
+    def config_parameters(self) -> dict[str, str]:
+        """What the served config says of generation: the generation config's rules applied, and those not."""
+        rules = self.rules
+        return {"onnxport_generation_applied": ", ".join(rules.applied) or "none (plain greedy)",
+                "onnxport_generation_not_applied": ", ".join(rules.not_applied) or "none"}
+
+    def check_room(self, prompt: int, new_tokens: int) -> None:
+        """UsageError when the prompt and the new tokens do not fit the export's lengths."""
+        check_room(self.layout, prompt, new_tokens)
+
+    def stream(self, sess, ids: np.ndarray, max_tokens: int, rules: GreedyRules) -> Iterator[np.ndarray]:
+        """Greedy tokens for the prompt ``ids`` [1, n] under ``rules``, one step at a time."""
+        return stream_greedy(sess, self.layout, ids, np.ones_like(ids), max_tokens, rules)
+
+
+def stop_at(rules: GreedyRules, eos: int | None) -> GreedyRules:
+    """``rules`` with ``eos`` among its end-of-sequence tokens."""
+    if eos is None or eos in rules.eos_token_ids:
+        return rules
+    return dataclasses.replace(rules, eos_token_ids=(*rules.eos_token_ids, eos))
+
+
+def decoder_layout(sig: Any, report_layout: object = None) -> CacheLayout | None:
+    """The cache layout of a served model whose inputs and outputs are named as a decoder export names them
+    (None for any other model). Layers, kv heads and head dim come from the input shapes, else from
+    ``report.json``'s ``decoder.layout``; the maximum length from that layout, else DEFAULT_MAX_LENGTH."""
+    inputs = {t.name: t for t in sig.inputs}
+    outputs = {t.name for t in sig.outputs}
+    layers = sum(1 for name in inputs if name.startswith("past_key_values.") and name.endswith(".key"))
+    position_ids = "position_ids" in inputs
+    expected = ({"input_ids", "attention_mask"} | ({"position_ids"} if position_ids else set())
+                | {f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")})
+    wanted_out = {"logits"} | {f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")}
+    if layers < 1 or set(inputs) != expected or not wanted_out <= outputs:
+        return None
+    if any(inputs[n].dtype != "int64" for n in expected if not n.startswith("past_key_values.")):
+        return None
+    report = report_layout if isinstance(report_layout, dict) else {}
+    shape = inputs["past_key_values.0.key"].shape or ()
+    logits = next(t for t in sig.outputs if t.name == "logits").shape or ()
+
+    def dim(dims: tuple, index: int, key: str) -> int | None:
+        value = dims[index] if -len(dims) <= index < len(dims) else None
+        value = value if isinstance(value, int) and value > 0 else report.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+    kv_heads, head_dim = dim(shape, 1, "kv_heads"), dim(shape, 3, "head_dim")
+    if len(shape) != 4 or kv_heads is None or head_dim is None:
+        return None
+    max_length = report.get("max_length")
+    max_length = max_length if isinstance(max_length, int) and max_length > 1 else DEFAULT_MAX_LENGTH
+    value = inputs["past_key_values.0.value"].shape or ()
+    value_dim = dim(value, 3, "value_dim") if len(value) == 4 else None  # latent attention: values of their own width
+    rules = report.get("generation")
+    return CacheLayout(str(report.get("architecture", "")), str(report.get("model_type", "")), layers,
+                       dim((), 0, "heads") or kv_heads, kv_heads, head_dim, dim(logits, -1, "vocab") or 0,
+                       position_ids, max_length, value_dim=value_dim if value_dim != head_dim else None,
+                       generation=GreedyRules.from_dict(rules) if isinstance(rules, dict) else None)
+
+
+def decoder_generator(sig: Any, onnx_path: Path, report_layout: object = None) -> Generator | None:
+    """The generator of a served decoder (None when the model is no decoder), with the tokenizer saved in
+    ``tokenizer/`` beside its ONNX file."""
+    layout = decoder_layout(sig, report_layout)
+    if layout is None:
+        return None
+    return Generator(layout, load_tokenizer(onnx_path.parent))
