@@ -6,13 +6,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from onnxport.core.outdir import VARIANTS_DIR
 from onnxport.families import Family, Stage
 from onnxport.seq2seq.flow import load, wants_seq2seq
 from onnxport.seq2seq.outcome import SECTION
 from onnxport.seq2seq.records import FILES, WITH_PAST_FILE
 from onnxport.seq2seq.stage import checked, stage
 
-VARIANTS_DIR = "variants"  # OUT/variants/<name>/: the variants' three files
 _NAME = re.compile(r"[A-Za-z0-9\-]([A-Za-z0-9_.\-]*[A-Za-z0-9\-])?")  # a folder name as serve names models
 
 
