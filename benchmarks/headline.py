@@ -62,6 +62,7 @@ def main() -> None:
 
     from onnxport import bench
     from onnxport.api import load_model
+    from onnxport.core.options import BenchOptions
     from onnxport.exporters.chain import export
     from onnxport.runtime.backends import default_threads
 
@@ -85,8 +86,9 @@ def main() -> None:
             if name in best:
                 paths["onnxruntime:best"] = Path(best[name])
             seq = (spec["seq"],) if spec.get("seq") else None
-            res = bench.run(loaded, paths, batches=batches, seq_lens=seq, threads=threads,
-                            min_runs=args.min_runs, max_seconds=args.max_seconds, progress=lambda m: None)
+            options = BenchOptions(batches=tuple(batches), seq_lens=seq, threads=threads, min_runs=args.min_runs,
+                                   max_seconds=args.max_seconds)
+            res = bench.run(loaded, paths, options, progress=lambda m: None)
             d = res.to_dict()
             results[name] = d
             print(f"{'batch':>5} {'backend':<18} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} {'items/s':>9} "

@@ -94,8 +94,8 @@ def server(path: Path, max_batch: int, max_delay_ms: float):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    code = (f"from onnxport.serve import run; run({str(path)!r}, port={port}, max_batch={max_batch}, "
-            f"max_delay_ms={max_delay_ms}, log_level='error')")
+    code = (f"from onnxport.serve import ServeOptions, run; run({str(path)!r}, ServeOptions(port={port}, "
+            f"max_batch={max_batch}, max_delay_ms={max_delay_ms}, log_level='error'))")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     import tritonclient.http as th
 

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from onnxport.core.errors import UsageError
 from onnxport.core.options import RuntimeOptions
-from onnxport.runtime.sessions import runtime_providers, session
+from onnxport.runtime.sessions import OrtOptions, runtime_providers, session
 from onnxport.runtime.variant_sessions import is_openvino, open_for, providers_for, without_cuda_graph
 from onnxport.serve.batcher import Batcher, BatchStats, InferenceError, Outputs
 from onnxport.serve.generate import (
@@ -286,11 +286,20 @@ def find(models: dict[str, ServedModel], name: str, version: str | None = None) 
     return m
 
 
+TUNED_KEYS = ("inter_op_threads", "execution_mode", "enable_mem_pattern", "enable_cpu_mem_arena")
+
+
 def device_options(source: ModelSource, device: str = "cpu", chain: list | None = None) -> dict:
     """``runtime.session()`` keywords for ``source`` on ``device``: on cuda, the providers best.onnx was proven
     with (TF32, TensorRT fp16 and its caches) — without a CUDA graph, which holds one input shape while served
     requests change shape — else ``chain`` (the device's provider chain) when given."""
     kw = dict(source.session_options)
+    tuned = {k: kw.pop(k) for k in TUNED_KEYS if k in kw}  # the tuned speed options, as runtime.OrtOptions
+    if tuned:
+        kw["options"] = OrtOptions(inter_op_num_threads=tuned.get("inter_op_threads"),
+                                   execution_mode=tuned.get("execution_mode") or "sequential",
+                                   enable_mem_pattern=tuned.get("enable_mem_pattern"),
+                                   enable_cpu_mem_arena=tuned.get("enable_cpu_mem_arena"))
     if device == "cuda" and source.proven_options and source.proven_options.get("provider") != "CPUExecutionProvider":
         kw["providers"] = providers_for(without_cuda_graph(source.proven_options), source.onnx_path.parent)
     elif chain is not None:
