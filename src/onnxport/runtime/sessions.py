@@ -261,13 +261,15 @@ def _open(source: str | Path | onnx.ModelProto, providers: list | None, severity
     afterwards, even on failure. Raises what onnxruntime raises."""
     import onnxruntime as ort
 
-    ort.set_default_logger_severity(severity)
     opts = _options(ort, severity, **options)
     chain = providers or [CPU]
     printed = io.StringIO()
     fds = captured_fds(sink, (1, 2)) if sink is not None and severity == 0 else contextlib.nullcontext()
     try:
         with _prepared(source, opts) as loadable, fds, _printed_to(printed, chain):
+            # set inside the capture: a pool thread of an earlier session that starts now logs into the sink,
+            # not onto the terminal (its start is logged at the default logger's severity of that moment)
+            ort.set_default_logger_severity(severity)
             try:
                 return ort.InferenceSession(loadable, opts, providers=chain)
             finally:  # still inside the capture: a thread the session started logs nothing verbose after it
