@@ -122,7 +122,7 @@ def _quietly(label: str, call, out: Path, as_json: bool) -> None:
     """Run ``call(progress)`` with what the libraries print sent to OUT/onnxport.log (the terminal shows
     onnxport's own lines only), then print the report and exit with its status."""
     log = LibraryLog()
-    terminal = err.file
+    terminal = getattr(err, "_file", None)  # None: rich writes to sys.stderr as it is at each write (restored so)
     rep: dict | None = None
     try:
         with log:
