@@ -26,6 +26,21 @@ def generation_notes(rules: GreedyRules | None) -> list[Diagnostic]:
                          "to have the served tokens equal generate()'s (docs/decoders.md)")]
 
 
+def export_notes(run: Run, rules: GreedyRules | None, fitted: int | None, default: int) -> list[Diagnostic]:
+    """The diagnostics every export with a cache adds to the load's: what the generation config asks that
+    greedy files cannot do, the default ``--max-length`` fitted to the model's ``fitted`` positions, and the
+    tokenizer copied beside the files (which it does)."""
+    diags = list(run.loaded.diagnostics) + generation_notes(rules)
+    if fitted is not None:
+        diags.append(info("max-length-fitted", f"--max-length {default} (the default) exceeds the {fitted} "
+                                               f"positions the model was built for: exported for {fitted} tokens",
+                          hint="give --max-length to choose another length"))
+    if save_tokenizer(run.loaded.source.split(":", 1)[1], run.out) is not None:  # generate takes and gives text
+        diags.append(info("tokenizer-copied", "the model's tokenizer is in tokenizer/: serve's generate "
+                                              "endpoint takes and returns text"))
+    return diags
+
+
 def stage(run: Run) -> Run:
     """A causal LM: one ONNX model with the KV cache as inputs and outputs, proven step by step and by greedy
     generation against ``model.generate`` (:mod:`onnxport.decoder`), and its variants when asked for."""
@@ -37,13 +52,6 @@ def stage(run: Run) -> Run:
                      new_tokens=max(1, min(NEW_TOKENS, max_length - 4)),
                      variants=CacheVariants(o.optimize.variants, o.optimize.budget,
                                             o.bench.threads if o.bench is not None else None, o.optimize.seq))
-    diags = list(run.loaded.diagnostics) + generation_notes(made.layout.generation)
-    if o.export.max_length is None and fitted is not None:
-        diags.append(info("max-length-fitted", f"--max-length {MAX_LENGTH} (the default) exceeds the {fitted} "
-                                               f"positions the model was built for: exported for {fitted} tokens",
-                          hint="give --max-length to choose another length"))
-    if save_tokenizer(run.loaded.source.split(":", 1)[1], run.out) is not None:  # generate takes and gives text
-        diags.append(info("tokenizer-copied", "the model's tokenizer is in tokenizer/: serve's generate "
-                                              "endpoint takes and returns text"))
+    diags = export_notes(run, made.layout.generation, fitted, MAX_LENGTH)
     outcome = to_outcome(made, run.loaded, o.command, diags, run.timings).but(log=o.log_name)
     return run.but(outcome=outcome.but(diagnostics=tuple(rootcause.rank(outcome.diagnostics, outcome.parity))))

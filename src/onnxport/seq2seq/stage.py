@@ -11,8 +11,7 @@ from onnxport.core.errors import UsageError
 from onnxport.core.options import Options
 from onnxport.decoder.applies import bench_label
 from onnxport.decoder.records import CacheVariants, DecoderVariants
-from onnxport.decoder.stage import generation_notes
-from onnxport.decoder.tokenizer import save_tokenizer
+from onnxport.decoder.stage import export_notes
 from onnxport.families import Run
 from onnxport.seq2seq.flow import MAX_LENGTH, run_model
 from onnxport.seq2seq.layout import fitted_max_length
@@ -86,14 +85,7 @@ def stage(run: Run) -> Run:
                      progress=run.progress, max_length=max_length, new_tokens=min(NEW_TOKENS, max_length),
                      variants=CacheVariants(o.optimize.variants, o.optimize.budget,
                                             o.bench.threads if o.bench is not None else None))
-    diags = list(run.loaded.diagnostics) + generation_notes(made.layout.generation)
-    if o.export.max_length is None and fitted is not None:
-        diags.append(info("max-length-fitted", f"--max-length {MAX_LENGTH} (the default) exceeds the {fitted} "
-                                               f"positions the model was built for: exported for {fitted} tokens",
-                          hint="give --max-length to choose another length"))
-    if save_tokenizer(run.loaded.source.split(":", 1)[1], run.out) is not None:  # generate takes and gives text
-        diags.append(info("tokenizer-copied", "the model's tokenizer is in tokenizer/: serve's generate "
-                                              "endpoint takes and returns text"))
+    diags = export_notes(run, made.layout.generation, fitted, MAX_LENGTH)
     if made.layout.speech:  # generate takes audio with it
         save_feature_extractor(run.loaded.source.split(":", 1)[1], run.out)
     if made.variants is not None:
