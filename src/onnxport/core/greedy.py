@@ -97,6 +97,20 @@ class GreedyRules:
             out[f.name] = value
         return cls(**out)
 
+    @classmethod
+    def of_layout(cls, layout: dict) -> GreedyRules:
+        """The rules a layout dict records (report.json's ``seq2seq.layout``, ``seq2seq.json``): its
+        ``generation``, else a stop at its ``eos_token_id``."""
+        if isinstance(layout.get("generation"), dict):
+            return cls.from_dict(layout["generation"])
+        eos = layout.get("eos_token_id")
+        return cls(eos_token_ids=(int(eos),) if eos is not None else ())
+
+    def config_parameters(self) -> dict[str, str]:
+        """The served config's parameters naming the rules applied and those not."""
+        return {"onnxport_generation_applied": ", ".join(self.applied) or "none (plain greedy)",
+                "onnxport_generation_not_applied": ", ".join(self.not_applied) or "none"}
+
     def without_eos(self) -> GreedyRules:
         """These rules with no end-of-sequence stop (a request that asks to ignore it)."""
         return GreedyRules(**{**{f.name: getattr(self, f.name) for f in fields(self)}, "eos_token_ids": ()})

@@ -45,9 +45,7 @@ class Generator:
 
     def config_parameters(self) -> dict[str, str]:
         """What the served config says of generation: the generation config's rules applied, and those not."""
-        rules = self.rules
-        return {"onnxport_generation_applied": ", ".join(rules.applied) or "none (plain greedy)",
-                "onnxport_generation_not_applied": ", ".join(rules.not_applied) or "none"}
+        return self.rules.config_parameters()
 
     def check_room(self, prompt: int, new_tokens: int) -> None:
         """UsageError when the prompt and the new tokens do not fit the export's lengths."""

@@ -209,12 +209,7 @@ def seq2seq_model_config(layout: dict, name: str, *, instance_count: int = 1, th
 
 def generation_parameters(layout: dict) -> dict[str, str]:
     """Which of the generation config's rules the greedy loop applies, and which it cannot (config parameters)."""
-    rules = GreedyRules.from_dict(layout.get("generation")) if isinstance(layout.get("generation"), dict) else None
-    if rules is None:
-        eos = layout.get("eos_token_id")
-        rules = GreedyRules(eos_token_ids=(int(eos),) if eos is not None else ())
-    return {"onnxport_generation_applied": ", ".join(rules.applied) or "none (plain greedy)",
-            "onnxport_generation_not_applied": ", ".join(rules.not_applied) or "none"}
+    return GreedyRules.of_layout(layout).config_parameters()
 
 
 def seq2seq_config_pbtxt(config: dict, layout: dict) -> str:

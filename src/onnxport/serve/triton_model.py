@@ -38,10 +38,7 @@ def _names(layers: int, prefix: str, kinds: tuple[str, ...] = ("decoder", "encod
 def rules_of(layout: dict):
     """The generation config's rules the export recorded (``greedy_processors.GreedyRules``), else a stop at the
     recorded end-of-sequence token."""
-    if isinstance(layout.get("generation"), dict):
-        return greedy_processors.GreedyRules.from_dict(layout["generation"])
-    eos = layout.get("eos_token_id")
-    return greedy_processors.GreedyRules(eos_token_ids=(int(eos),) if eos is not None else ())
+    return greedy_processors.GreedyRules.of_layout(layout)
 
 
 def greedy(sessions: list, layout: dict, feeds: dict, max_tokens: int) -> np.ndarray:
