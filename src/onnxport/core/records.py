@@ -123,6 +123,21 @@ class Tolerance:
         return {"atol": self.atol, "rtol": self.rtol}
 
 
+@dataclass(frozen=True)
+class Metric:
+    """A task metric and its threshold (a value None: it could not be computed, and fails)."""
+
+    name: str
+    value: float | None
+    threshold: float
+    passed: bool
+
+    def to_dict(self) -> dict:
+        """The report form (value rounded to 6 places)."""
+        return {"name": self.name, "value": None if self.value is None else round(float(self.value), 6),
+                "threshold": self.threshold, "passed": self.passed}
+
+
 FP32 = Tolerance(1e-4, 1e-3)
 
 

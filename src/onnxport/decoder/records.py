@@ -11,9 +11,9 @@ import numpy as np
 
 from onnxport.core.errors import UsageError, one_line
 from onnxport.core.greedy import GreedyRules
-from onnxport.core.records import Tolerance
+from onnxport.core.records import Metric, Tolerance
 from onnxport.optimize.gates import GATES
-from onnxport.optimize.passes import MIN_GAIN, clearly_faster
+from onnxport.optimize.passes import MIN_GAIN, choose_best
 from onnxport.optimize.result import SkipReason
 
 __all__ = ["DECODER_GATES", "MIN_GAIN", "CacheLayout", "CacheVariants", "DecoderExport", "DecoderOutcome", "DecoderProof",
@@ -221,6 +221,7 @@ class DecoderVariant:
     error: str | None = None
     notes: tuple[str, ...] = ()  # how it was built, and the routes that matched nothing
     skip_reason: SkipReason | None = None  # why it was not built (None: built, or its builder crashed)
+    metrics: tuple[Metric, ...] = ()  # the task metrics against their gates (the verdict's)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "path": None if self.path is None else str(self.path),
@@ -246,15 +247,17 @@ class DecoderVariants:
 
     @property
     def best(self) -> DecoderVariant | None:
-        """The fastest passing variant; the export itself unless another decodes at least ``MIN_GAIN`` faster
-        (a smaller lead is timing noise, and the export is the file proven most strictly)."""
-        passing = [v for v in self.variants if v.passed and v.decode_tok_s]
-        fastest = max(passing, key=lambda v: v.decode_tok_s, default=None)
+        """The fastest passing variant by decode tokens/s; the export itself unless another decodes at least
+        ``MIN_GAIN`` faster (:func:`~onnxport.optimize.passes.choose_best`, every kind's best-selection)."""
         base = self.get("export")
-        if (fastest is not None and base is not None and base.passed and base.decode_tok_s
-                and not clearly_faster(fastest.decode_tok_s / base.decode_tok_s)):
-            return base
-        return fastest
+        base_speed = base.decode_tok_s if base is not None and base.passed and base.decode_tok_s else None
+
+        def speedup(v: DecoderVariant) -> float | None:
+            if not v.decode_tok_s:
+                return None
+            return v.decode_tok_s / base_speed if base_speed else v.decode_tok_s
+
+        return choose_best(self.variants, speedup)
 
     def get(self, name: str) -> DecoderVariant | None:
         return next((v for v in self.variants if v.name == name), None)

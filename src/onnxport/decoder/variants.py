@@ -21,7 +21,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +29,6 @@ import onnx
 import torch
 from torch import nn
 
-from onnxport.core.errors import DiskFull, disk_full
 from onnxport.core.greedy import PLAIN
 from onnxport.core.logs import Progress, captured_output, noop
 from onnxport.core.onnxfile import file_bytes, inline_limit, move_model, save_model
@@ -41,9 +40,10 @@ from onnxport.decoder.records import DECODER_GATES, CacheLayout, DecoderVariant,
 from onnxport.optimize import registry
 from onnxport.optimize.context import BuildOutcome, Skip
 from onnxport.optimize.graph import short_error
-from onnxport.optimize.passes import Budget, build_into, each_variant
+from onnxport.optimize.passes import Budget, Unmade, VariantPass, build_into, each_variant
 from onnxport.optimize.registry import BASELINE, DECODER, DECODER_VARIANTS, register, register_judge
 from onnxport.optimize.result import SkipReason
+from onnxport.prove.judging import Policy, RunResults, compare_accuracy, run_cases, token_agreement, verdict
 from onnxport.prove.references import Refs, run_over
 from onnxport.runtime.sessions import CPU, session, write_optimized
 
@@ -116,48 +116,31 @@ def torch_greedy(model: nn.Module, layout: CacheLayout, input_ids: torch.Tensor,
     return torch.cat(tokens, dim=1).numpy()
 
 
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    """The cosine of two arrays, flattened (two zero arrays: 1 when equal)."""
-    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    norm = float(np.linalg.norm(a) * np.linalg.norm(b))
-    return float(a @ b / norm) if norm else float(np.array_equal(a, b))
+def step_runs(sess, layout: CacheLayout, refs: References) -> RunResults:
+    """The variant's outputs (logits, then every present) on each step case: the run the judge compares."""
+    return run_cases(lambda feeds: sess.run(list(layout.output_names),
+                                            dict(zip(layout.input_names, (t.numpy() for t in feeds)))),
+                     refs.steps.inputs, refs.steps.cases)
 
 
-def compare_cases(sess, layout: CacheLayout, refs: References, tolerance: Tolerance) -> tuple[float, bool, float]:
-    """(max abs err over logits and presents, every case within ``tolerance``, lowest logit cosine)."""
-    worst, strict, lowest = 0.0, True, 1.0
-    for feeds, want in zip(refs.steps.inputs, refs.steps.outputs):
-        got = sess.run(list(layout.output_names), dict(zip(layout.input_names, (t.numpy() for t in feeds))))
-        for g, w in zip(got, want):
-            if g.shape != w.shape:
-                raise ValueError(f"shape {list(g.shape)} where PyTorch gives {list(w.shape)}")
-            diff = np.abs(g.astype(np.float64) - w)
-            worst = max(worst, float(diff.max(initial=0.0)))
-            strict = strict and bool(np.all(diff <= tolerance.atol + tolerance.rtol * np.abs(w)))
-        lowest = min(lowest, cosine(got[0], want[0]))
-    return worst, strict, lowest
-
-
-def teacher_forced(sess, layout: CacheLayout, prompts: np.ndarray, tokens: np.ndarray) -> float:
-    """The share of steps whose argmax is the reference token when the reference tokens (not the variant's own)
-    are fed back, the presents kept as the cache."""
+def teacher_forced(sess, layout: CacheLayout, prompts: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """The variant's argmax [rows, steps] at each step when the reference tokens (not its own) are fed back, the
+    presents kept as the cache (compared with the reference tokens: teacher-forced top-1)."""
     rows = prompts.shape[0]
     ids, mask = prompts.astype(np.int64), np.ones(prompts.shape, np.int64)
     past = [np.zeros(layout.past_shape(kind, rows, 0), np.float32) for _ in range(layout.layers) for kind in ("key", "value")]
-    hits = []
+    picked = []
     for t in range(tokens.shape[1]):
         logits, *past = sess.run(list(layout.output_names), step_feeds(layout, ids, mask, past))
-        hits.append(logits[:, -1].argmax(-1) == tokens[:, t])
+        picked.append(logits[:, -1].argmax(-1))
         ids = tokens[:, t:t + 1].astype(np.int64)
         mask = np.ones((rows, mask.shape[1] + 1), np.int64)
-    return float(np.mean(hits))
+    return np.stack(picked, axis=1)
 
 
-def greedy_steps(sess, layout: CacheLayout, prompts: np.ndarray, tokens: np.ndarray) -> int:
-    """How many greedy steps of the variant (every row) equal PyTorch's before the first difference."""
-    got = greedy(sess, layout, prompts, np.ones(prompts.shape, np.int64), tokens.shape[1], PLAIN)
-    same = np.all(got == tokens, axis=0)
-    return int(same.argmin()) if not same.all() else int(same.size)
+def greedy_tokens(sess, layout: CacheLayout, prompts: np.ndarray, new_tokens: int) -> np.ndarray:
+    """The variant's own greedy tokens [rows, new_tokens] (plain argmax, no end-of-sequence stop)."""
+    return greedy(sess, layout, prompts, np.ones(prompts.shape, np.int64), new_tokens, PLAIN)
 
 
 def timed_greedy(sess, layout: CacheLayout, input_ids: np.ndarray, new_tokens: int) -> list[float]:
@@ -396,25 +379,34 @@ register(DECODER, "int4", functools.partial(_nbits, 4))
 # --------------------------------------------------------------------------- the variants
 
 
+def policy(name: str, tolerance: Tolerance) -> Policy:
+    """The decoder kind's policy for variant ``name``: fp32 variants within ``tolerance`` on every step case,
+    the others by the lowest logit cosine and teacher-forced top-1 at the gates."""
+    fp32 = name in FP32_VARIANTS
+    return Policy(tolerance, elementwise=fp32, metric=not fp32, cosine_min=COSINE_MIN, top1_min=TOP1_MIN,
+                  cosine_name="logit cosine", top1_name="teacher-forced top-1", top1=True)
+
+
 def judge(name: str, path: Path, layout: CacheLayout, refs: References, tolerance: Tolerance,
           threads: int | None, notes: tuple[str, ...] = (), *, prompt: int = SPEED_PROMPT) -> DecoderVariant:
     """Re-prove the variant at ``path`` against ``refs`` and time its decode at batch 1 after a ``prompt``-token
-    prompt (the decoder kind's judge)."""
+    prompt (the decoder kind's judge): its runs first (step cases, teacher-forced and own greedy tokens), then
+    one comparison (:func:`~onnxport.prove.judging.compare_accuracy`) and one verdict."""
     sess = session(path, providers=[CPU], threads=threads)
-    worst, strict, cosine = compare_cases(sess, layout, refs, tolerance)
-    top1 = teacher_forced(sess, layout, refs.prompts, refs.tokens)
-    steps = greedy_steps(sess, layout, refs.prompts, refs.tokens)
+    steps = step_runs(sess, layout, refs)
+    forced = teacher_forced(sess, layout, refs.prompts, refs.tokens)
+    own = greedy_tokens(sess, layout, refs.prompts, int(refs.tokens.shape[1]))
+    found = compare_accuracy(steps, RunResults.of(refs.steps.cases, refs.steps.outputs), tolerance)
+    top1 = token_agreement(forced, refs.tokens).share
+    found = replace(found, top1=top1)
+    tokens = token_agreement(own, refs.tokens)
+    judged = verdict(found, policy(name, tolerance))
     prompt = max(1, min(prompt, layout.max_length - 2))
-    tokens = max(1, min(SPEED_TOKENS, layout.max_length - prompt - 1))
-    prompt_s, tok_s = decode_speed(sess, layout, prompt=prompt, tokens=tokens)
-    if name in FP32_VARIANTS:
-        why = None if strict else (f"outside the fp32 tolerance (atol {tolerance.atol}, rtol {tolerance.rtol}): "
-                                   f"max abs err {worst:.3g}")
-    else:
-        why = "; ".join([f"logit cosine {cosine:.4f} < {COSINE_MIN}"] * (cosine < COSINE_MIN)
-                        + [f"teacher-forced top-1 {top1:.3f} < {TOP1_MIN}"] * (top1 < TOP1_MIN)) or None
-    return DecoderVariant(name, path, file_bytes(path), fused_ops(op_counts(path)), worst, strict, cosine, top1,
-                          steps, int(refs.tokens.shape[1]), tok_s, prompt_s * 1000, why is None, why, notes)
+    n = max(1, min(SPEED_TOKENS, layout.max_length - prompt - 1))
+    prompt_s, tok_s = decode_speed(sess, layout, prompt=prompt, tokens=n)
+    return DecoderVariant(name, path, file_bytes(path), fused_ops(op_counts(path)), found.max_abs_err, found.within,
+                          found.cosine, top1, tokens.steps, tokens.total, tok_s, prompt_s * 1000, judged.passed,
+                          judged.reason, notes, metrics=judged.metrics)
 
 
 register_judge(DECODER, judge)
@@ -433,28 +425,24 @@ class _Run:
     prompt: int
 
 
-def _variant(name: str, run: _Run) -> DecoderVariant:
-    """Build variant ``name`` (:func:`~onnxport.optimize.passes.build_into`) and judge it; a variant that cannot
-    be made or run is recorded with why."""
-    judged = functools.partial(registry.judge(DECODER), name, layout=run.ctx.layout, refs=run.refs, tolerance=run.tolerance,
-                               threads=run.threads, prompt=run.prompt)
-    if name == BASELINE:
-        path, notes = run.src, ("the proven export itself",)
-    else:
-        made = build_into(registry.builder(DECODER, name), run.src, run.vdir / f"{name}.onnx", run.ctx)
-        if made.skip is not None:
-            return DecoderVariant(name, None, passed=False, error=f"not built: {made.skip}", notes=made.skip.notes,
-                                  skip_reason=made.skip.reason)
-        if made.outcome is None:
-            return DecoderVariant(name, None, passed=False, error=f"not built: {made.error}")
-        path, notes = made.file, made.outcome.notes
-    try:
-        return judged(path=path, notes=notes)
-    except Exception as e:  # noqa: BLE001 - a variant failing is recorded, the others go on
-        if disk_full(e):
-            raise DiskFull() from e
-        return DecoderVariant(name, path, file_bytes(path) if path.is_file() else None,
-                              passed=False, error=f"cannot run: {short_error(e)}", notes=notes)
+def _unmade(why: Unmade) -> DecoderVariant:
+    """The record of a decoder variant its pass stopped: not built (skipped or crashed), or built and not run."""
+    if why.stage == "ensures" and why.path is not None:
+        return DecoderVariant(why.name, why.path, file_bytes(why.path) if why.path.is_file() else None,
+                              passed=False, error=f"cannot run: {why.why}", notes=why.notes)
+    return DecoderVariant(why.name, None, passed=False, error=f"not built: {why.why}", notes=why.notes,
+                          skip_reason=why.reason)
+
+
+def variant_pass(name: str, run: _Run) -> VariantPass[DecoderVariant]:
+    """Variant ``name`` as a pass: built by its registered builder (:func:`~onnxport.optimize.passes.build_into`;
+    the export itself for the baseline), judged by the decoder kind's judge."""
+    judged = functools.partial(registry.judge(DECODER), name, layout=run.ctx.layout, refs=run.refs,
+                               tolerance=run.tolerance, threads=run.threads, prompt=run.prompt)
+    build = (None if name == BASELINE else functools.partial(
+        build_into, registry.builder(DECODER, name), run.src, run.vdir / f"{name}.onnx", run.ctx))
+    return VariantPass(name, run.src, build, lambda path, notes: judged(path=path, notes=notes), _unmade,
+                       baseline_notes=("the proven export itself",))
 
 
 def variant_names(names: Sequence[str] | str | None) -> tuple[str, ...]:
@@ -491,7 +479,7 @@ def optimize_decoder(model: nn.Module, layout: CacheLayout, proven_path: str | P
 
         def one(name: str, say: Progress) -> DecoderVariant:
             say(f"variant {name}: building, proving against PyTorch and timing decode")
-            return _variant(name, run)
+            return variant_pass(name, run)()
 
         def skipped(name: str, why: str, reason: SkipReason) -> DecoderVariant:
             return DecoderVariant(name, None, passed=False, error=why, skip_reason=reason)

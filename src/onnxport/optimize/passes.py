@@ -2,6 +2,11 @@
 proven export), its kind's judge re-proves it against PyTorch (ensures: parity), and it is chosen only when it
 is clearly faster than the export.
 
+* :class:`VariantPass`: one variant as a pass, in the manner of onnx-ir's ``PassBase`` (requires → call →
+  ensures → result), whatever the kind: the kind gives its builder, its judge and how it records a variant the
+  pass did not bring to a verdict (:class:`Unmade`);
+* :func:`choose_best`: the one best-selection (the passing entry with the highest speedup over the export; the
+  export itself unless that one is clearly faster), :func:`fastest` its ranking;
 * :func:`build_into`: a builder run into a temporary name beside its file, moved into OUT/variants/ when written;
   its seconds recorded; :class:`~onnxport.optimize.context.Skip` and a crash caught (a crashing builder is a
   failed variant, never a crash of the run);
@@ -18,9 +23,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
-from onnxport.core.errors import DiskFull, disk_full
+from onnxport.core.errors import DiskFull, UsageError, disk_full
 from onnxport.core.logs import Progress
 from onnxport.core.onnxfile import move_model, remove_model
 from onnxport.optimize.context import BuildOutcome, Skip
@@ -31,11 +36,47 @@ MIN_GAIN = 1.05  # a variant must beat the plain export by 5% to replace it (a s
 BEST = "best.onnx"
 
 V = TypeVar("V")
+R = TypeVar("R")
 
 
 def clearly_faster(speedup: float | None) -> bool:
     """Whether a variant ``speedup`` times the export's speed is enough to replace the export."""
     return bool(speedup) and speedup >= MIN_GAIN
+
+
+class Entry(Protocol):
+    """What the best-selection reads of any kind's variant record."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def passed(self) -> bool: ...
+
+
+E = TypeVar("E", bound=Entry)
+
+
+def fastest(entries: Sequence[E], speedup: Callable[[E], float | None],
+            size: Callable[[E], int | None] = lambda e: None) -> E | None:
+    """The passing entry with the highest ``speedup`` (ties: the smaller ``size``); None when none passed with
+    a speedup."""
+    ranked = [(s, e) for e in entries if e.passed and (s := speedup(e)) is not None]
+    if not ranked:
+        return None
+    return min(ranked, key=lambda se: (-se[0], size(se[1]) or 0))[1]
+
+
+def choose_best(entries: Sequence[E], speedup: Callable[[E], float | None],
+                size: Callable[[E], int | None] = lambda e: None, baseline: str = "export") -> E | None:
+    """Every kind's best: the :func:`fastest` passing entry, unless the export (``baseline``) passed and that one
+    is not :func:`clearly_faster` (a smaller lead is timing noise, and the export is the file proven most
+    strictly); the export when nothing else passed; None when nothing passed at all."""
+    base = next((e for e in entries if e.name == baseline and e.passed), None)
+    top = fastest(entries, speedup, size)
+    if top is None or (base is not None and top is not base and not clearly_faster(speedup(top))):
+        return base
+    return top
 
 
 def install_best(path: Path, out: Path) -> Path:
@@ -127,3 +168,73 @@ def each_variant(names: Sequence[str], run: Callable[[str, Progress], V], skip: 
         entries.append(run(name, lambda message, prefix=prefix: progress(prefix + message)))
         spent.append(time.perf_counter() - t0)
     return entries
+
+
+@dataclass(frozen=True)
+class Unmade:
+    """A variant its pass did not bring to a verdict: the ``stage`` it stopped at ("requires": no proven file to
+    start from; "call": its builder skipped or crashed; "ensures": its judge could not run it), why in words,
+    the :class:`SkipReason` of a skip, the file when one was built, the builder's notes and seconds."""
+
+    name: str
+    stage: str
+    why: str
+    reason: SkipReason | None = None
+    path: Path | None = None
+    notes: tuple[str, ...] = ()
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class VariantPass(Generic[R]):
+    """One variant as a pass, in the manner of onnx-ir's ``PassBase``: :meth:`requires` (the proven export it
+    starts from exists), :meth:`call` (the kind's build: ``build()``, usually :func:`build_into`; None: the
+    export itself, the baseline), :meth:`ensures` (the kind's judge re-proves the file against PyTorch:
+    ``judge(file, notes)``). Calling the pass runs the three and returns the kind's record: the judge's, or
+    ``unmade(Unmade)``'s for a variant stopped on the way (a full disk and the user's errors are raised)."""
+
+    name: str
+    src: Path
+    build: Callable[[], Built] | None
+    judge: Callable[[Path, tuple[str, ...]], R]
+    unmade: Callable[[Unmade], R]
+    baseline_notes: tuple[str, ...] = ()
+
+    def requires(self) -> Unmade | None:
+        """None when the pass can run; else why not."""
+        if self.src.exists():
+            return None
+        return Unmade(self.name, "requires", f"the proven file {self.src.name} is missing")
+
+    def call(self) -> Built | Unmade:
+        """The built file (the export itself for the baseline), or why there is none."""
+        if self.build is None:
+            return Built(self.src, BuildOutcome(notes=self.baseline_notes, path=self.src), 0.0)
+        made = self.build()
+        if made.skip is not None:
+            return Unmade(self.name, "call", str(made.skip), made.skip.reason, notes=made.skip.notes,
+                          seconds=made.seconds)
+        if made.outcome is None:
+            return Unmade(self.name, "call", made.error or "the builder wrote nothing", seconds=made.seconds)
+        return made
+
+    def ensures(self, made: Built) -> R:
+        """The judge's record of the built file; a judge that cannot run it gives an :class:`Unmade`."""
+        file = made.file or made.dst
+        notes = made.outcome.notes if made.outcome is not None else ()
+        try:
+            return self.judge(file, notes)
+        except (DiskFull, UsageError):
+            raise
+        except Exception as e:  # noqa: BLE001 - a variant failing is recorded, the others go on
+            if disk_full(e):
+                raise DiskFull() from e
+            return self.unmade(Unmade(self.name, "ensures", short_error(e), path=file, notes=notes,
+                                      seconds=made.seconds))
+
+    def __call__(self) -> R:
+        stopped = self.requires()
+        if stopped is not None:
+            return self.unmade(stopped)
+        made = self.call()
+        return self.unmade(made) if isinstance(made, Unmade) else self.ensures(made)

@@ -28,14 +28,23 @@ from typing import Any
 import numpy as np
 
 from onnxport.core.errors import UsageError
-from onnxport.core.records import FP16, TF32, Divergence, Failure, ParityResult, Tolerance, finite
+from onnxport.core.records import FP16, FP32, TF32, Divergence, ParityResult, Tolerance, finite
 from onnxport.optimize.gates import COSINE_MIN, TOP1_MIN
 from onnxport.optimize.graph import short_error
 from onnxport.optimize.registry import MODEL, register_judge
 from onnxport.optimize.result import Metric, Proof, SampleJudgement
 from onnxport.prove import localize
 from onnxport.prove import samples as proving_samples
-from onnxport.prove.compare import mean_pool, row_cosines, task_kind
+from onnxport.prove.compare import mean_pool, task_kind
+from onnxport.prove.judging import (
+    Accuracy,
+    Policy,
+    RunResults,
+    compare_accuracy,
+    metrics_of,
+    run_cases,
+    verdict,
+)
 from onnxport.prove.parity import compare
 from onnxport.prove.references import Refs, fingerprint
 from onnxport.prove.samples import SampleRefs
@@ -46,72 +55,56 @@ from onnxport.sources.base import LoadedModel
 # --------------------------------------------------------------------------- task metric
 
 
-def _compared(loaded: LoadedModel, kind: str, tensors: Sequence, ref: Sequence[np.ndarray],
-              got_by: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(reference, ONNX) arrays the metric compares for one case."""
+def _view(loaded: LoadedModel, kind: str, tensors: Sequence, outputs: dict[str, np.ndarray]) -> np.ndarray:
+    """The array the task metric compares for one case, from one side's outputs by name."""
     if kind == "sentence-embedding":
-        i = loaded.output_names.index("last_hidden_state")
         mask = tensors[[s.name for s in loaded.inputs].index("attention_mask")].numpy()
-        return mean_pool(ref[i], mask), mean_pool(np.asarray(got_by["last_hidden_state"]), mask)
-    return ref[0], np.asarray(got_by[loaded.output_names[0]])
+        return mean_pool(np.asarray(outputs["last_hidden_state"]), mask)
+    return np.asarray(outputs[loaded.output_names[0]])
+
+
+def task_runs(loaded: LoadedModel, refs: Refs, sess) -> tuple[RunResults, RunResults, str | None]:
+    """(ONNX's arrays the task metric compares, PyTorch's, the task kind) on the matrix's realistic cases: the
+    edge-values case (inputs scaled up, masks with a single valid token or left padding) stays with the
+    elementwise policies, where it catches frozen paths."""
+    feed = FeedMap.of(loaded.inputs, sess)
+    onnx_out = [o.name for o in sess.get_outputs()]
+    by_name = all(n in onnx_out for n in loaded.output_names)
+    edge = [len(refs.cases) == len(refs.inputs) and c.values == "edge" for c in refs.cases] or [False] * len(refs.inputs)
+    skip = edge if not all(edge) else [False] * len(edge)  # a matrix of edge cases alone is judged on them
+    labels = [c.label for c in refs.cases] if len(refs.cases) == len(refs.inputs) else list(map(str, range(len(refs.inputs))))
+    kind = None
+    picked = [(label, tensors, ref) for label, skipped, tensors, ref in zip(labels, skip, refs.inputs, refs.outputs)
+              if ref is not None and not skipped]
+    for _, _, ref in picked[:1]:
+        kind = task_kind(loaded, ref)
+
+    def run(case) -> tuple[np.ndarray]:
+        _, tensors, _ = case
+        got = sess.run(None, feed(tensors))
+        got_by = dict(zip(onnx_out, got)) if by_name else dict(zip(loaded.output_names, got))
+        return (_view(loaded, kind, tensors, got_by),)
+
+    want = RunResults.of([c[0] for c in picked], [(_view(loaded, kind, t, dict(zip(loaded.output_names, r))),)
+                                                  for _, t, r in picked])
+    return run_cases(run, picked, [c[0] for c in picked]), want, kind
 
 
 def task_metrics(loaded: LoadedModel, refs: Refs, sess, cosine_min: float = COSINE_MIN,
                  top1_min: float = TOP1_MIN) -> tuple[Metric, ...]:
-    """Cosine (worst row over the matrix) and, for classifiers, top-1 agreement of ``sess`` against PyTorch. The
-    task metric is judged on the matrix's realistic cases: the edge-values case (inputs scaled up, masks with
-    a single valid token or left padding) stays with the elementwise policies, where it catches frozen paths."""
-    feed = FeedMap.of(loaded.inputs, sess)
-    onnx_out = [o.name for o in sess.get_outputs()]
-    by_name = all(n in onnx_out for n in loaded.output_names)
-    cosines: list[np.ndarray] = []
-    agree: list[np.ndarray] = []
-    kind = None
-    failed = False
-    edge = [len(refs.cases) == len(refs.inputs) and c.values == "edge" for c in refs.cases] or [False] * len(refs.inputs)
-    skip = edge if not all(edge) else [False] * len(edge)  # a matrix of edge cases alone is judged on them
-    for skipped, tensors, ref in zip(skip, refs.inputs, refs.outputs):
-        if ref is None or skipped:
-            continue
-        kind = kind or task_kind(loaded, ref)
-        try:
-            got = sess.run(None, feed(tensors))
-        except Exception:  # noqa: BLE001 - counted as a failed metric
-            failed = True
-            continue
-        got_by = dict(zip(onnx_out, got)) if by_name else dict(zip(loaded.output_names, got))
-        r, g = _compared(loaded, kind, tensors, ref, got_by)
-        if r.shape != g.shape:
-            failed = True
-            continue
-        cosines.append(row_cosines(r, g))
-        if kind == "classifier":
-            agree.append(r.argmax(-1) == g.argmax(-1))
+    """Cosine (worst row over the matrix) and, for classifiers, top-1 agreement of ``sess`` against PyTorch:
+    :func:`task_runs`, then :func:`~onnxport.prove.judging.compare_accuracy` (a case that fails to run or
+    changes shape leaves the metrics without a value: failed)."""
+    got, want, kind = task_runs(loaded, refs, sess)
+    classifier = kind == "classifier"
+    found = compare_accuracy(got, want, None, rows=True, top1=classifier)
     name = "cosine (mean-pooled embedding)" if kind == "sentence-embedding" else "cosine"
-    if failed or not cosines:
-        out = [Metric(name, None, cosine_min, False)]
-        if kind == "classifier":
-            out.append(Metric("top1_agreement", None, top1_min, False))
-        return tuple(out)
-    cmin = float(np.concatenate(cosines).min())
-    out = [Metric(name, cmin, cosine_min, cmin >= cosine_min)]
-    if kind == "classifier":
-        a = float(np.concatenate(agree).mean())
-        out.append(Metric("top1_agreement", a, top1_min, a >= top1_min))
-    return tuple(out)
+    return metrics_of(found, Policy(FP32, False, True, cosine_min, top1_min, cosine_name=name, top1=classifier))
 
 
 def metric_margin(metrics: Sequence[Metric]) -> float:
     """How far the worst metric is above its threshold (negative: failing)."""
     return min((m.value - m.threshold) if m.value is not None else -1.0 for m in metrics)
-
-
-def _headline(metrics: Sequence[Metric]) -> Metric | None:
-    """The entry's ``metric``: the failing one if any, else the first."""
-    if not metrics:
-        return None
-    bad = [m for m in metrics if not m.passed]
-    return bad[0] if bad else metrics[0]
 
 
 # --------------------------------------------------------------------------- proving
@@ -126,26 +119,6 @@ def tolerance_policy(name: str, tolerance: Tolerance) -> tuple[Tolerance, bool, 
     if name == "tf32":
         return Tolerance(max(tolerance.atol, TF32.atol), max(tolerance.rtol, TF32.rtol)), True, True
     return tolerance, True, False
-
-
-def _reasons(result: ParityResult, metrics: Sequence[Metric], tol: Tolerance, by_elements: bool,
-             by_metric: bool) -> list[str]:
-    """Why the variant fails under its policy (empty: it passes)."""
-    reasons = []
-    if by_elements and not result.passed:
-        bad = [c for c in result.cases if not c.passed]
-        first = bad[0] if bad else None
-        reasons.append(f"{len(bad)} of {len(result.cases)} cases outside atol {tol.atol:g} / rtol {tol.rtol:g}"
-                       + (f"; first '{first.label}': {first.error or 'outputs differ'}" if first else ""))
-    if by_metric:
-        for m in metrics:
-            if not m.passed:
-                val = "n/a" if m.value is None else f"{m.value:.4f}"
-                reasons.append(f"{m.name} {val} below {m.threshold}")
-    ort_failed = [c.error for c in result.cases if c.failure is Failure.ORT_RUN]
-    if not by_elements and ort_failed:
-        reasons.append(ort_failed[0])
-    return reasons
 
 
 def sample_metrics(agreement: dict, cosine_min: float = COSINE_MIN, top1_min: float = TOP1_MIN) -> tuple[Metric, ...]:
@@ -220,12 +193,14 @@ def prove(loaded: LoadedModel, name: str, path: Path, refs: Refs, tolerance: Tol
         return Proof(passed=False, reason=e.message, tolerance=tol)
     result: ParityResult = compare(loaded, path, cases=list(refs.cases), tolerance=tol, sess=sess, refs=refs)
     metrics = task_metrics(loaded, refs, sess)
-    reasons = _reasons(result, metrics, tol, by_elements, by_metric and samples is None)
+    judged = verdict(Accuracy.of_parity(result), Policy(tol, by_elements, by_metric and samples is None, COSINE_MIN,
+                                                         TOP1_MIN), metrics=metrics)
+    reasons = list(judged.reasons)
     on_samples, more = judge_samples(loaded, name, sess, samples, tolerance) if samples else (None, [])
     err = result.max_abs_err
     found, why = _localize(loaded, path, refs, result, tol) if reasons else (None, None)
     return Proof(passed=not reasons and not more, reason="; ".join(reasons + more) or None, tolerance=tol,
-                 max_abs_err=float(err) if np.isfinite(err) else None, metrics=metrics, metric=_headline(metrics),
+                 max_abs_err=float(err) if np.isfinite(err) else None, metrics=metrics, metric=judged.headline,
                  divergence=found, divergence_error=why, samples=on_samples)
 
 

@@ -10,8 +10,8 @@ import functools
 import shutil
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -24,13 +24,14 @@ from onnxport.core.logs import Progress, noop
 from onnxport.core.onnxfile import copy_model, file_bytes
 from onnxport.core.records import FP32, Tolerance
 from onnxport.decoder.records import DecoderVariant, DecoderVariants
-from onnxport.decoder.variants import build_nbits, cosine, fuse_offline
+from onnxport.decoder.variants import build_nbits, fuse_offline
 from onnxport.optimize import registry
 from onnxport.optimize.context import BuildOutcome
 from onnxport.optimize.gates import GATES
-from onnxport.optimize.passes import Budget, build_into, each_variant
+from onnxport.optimize.passes import Budget, Built, Unmade, VariantPass, build_into, each_variant
 from onnxport.optimize.registry import AUTO, BASELINE, SEQ2SEQ, SEQ2SEQ_VARIANTS, register, register_judge
 from onnxport.optimize.result import SkipReason
+from onnxport.prove.judging import Policy, RunResults, compare_accuracy, run_cases, token_agreement, verdict
 from onnxport.seq2seq.feeds import decoder_ids, encoder_inputs, first_inputs, random_cache, with_past_inputs
 from onnxport.seq2seq.generation import Sessions, generate_greedy, open_sessions
 from onnxport.seq2seq.layout import Encoder, FirstStep, WithPast
@@ -106,34 +107,27 @@ def _references(model: nn.Module, layout: Seq2SeqLayout) -> tuple[list, list, li
     return steps, sources, [t.numpy() for t in sources], reference_generate(model, layout, sources, tokens)
 
 
-class Judged(NamedTuple):
-    """What the judge found of one variant's three files."""
+def step_runs(sessions: Sessions, layout: Seq2SeqLayout, refs) -> tuple[RunResults, RunResults]:
+    """(the variant's logits on each step case, PyTorch's): the first-step file at past 0, the with-past file
+    after it."""
+    steps = refs[0]
+    labels = [f"step {i} (past {past})" for i, (past, _, _) in enumerate(steps)]
 
-    max_abs_err: float
-    strict: bool  # every step case within the tolerance
-    cosine: float  # the lowest logit cosine over the step cases
-    top1: float  # the share of greedy tokens equal to PyTorch's
-    greedy_steps: int  # steps before the first greedy token that differs
-    greedy_tokens: int
-
-
-def compare(sessions: Sessions, layout: Seq2SeqLayout, refs, tolerance: Tolerance) -> Judged:
-    """Lowest logit cosine and largest error over the step cases, whether all are within ``tolerance``, and
-    the greedy tokens' agreement with PyTorch's (the share of equal tokens; steps before the first difference)."""
-    steps, _, sources, want = refs
-    worst, strict, lowest = 0.0, True, 1.0
-    for past, inputs, logits in steps:
+    def run(step) -> list[np.ndarray]:
+        past, inputs, _ = step
         sess, names = ((sessions.decoder, layout.decoder_inputs) if past == 0
                        else (sessions.with_past, layout.with_past_inputs))
-        got = sess.run(["logits"], {n: t.numpy() for n, t in zip(names, inputs)})[0]
-        diff = np.abs(got.astype(np.float64) - logits)
-        worst = max(worst, float(diff.max(initial=0.0)))
-        strict = strict and bool(np.all(diff <= tolerance.atol + tolerance.rtol * np.abs(logits)))
-        lowest = min(lowest, cosine(got, logits))
-    tokens = generate_greedy(sessions, layout, sources, want.shape[1], PLAIN)
-    same = [bool(np.array_equal(tokens[:, i], want[:, i])) for i in range(want.shape[1])]
-    steps_agreeing = next((i for i, s in enumerate(same) if not s), len(same))
-    return Judged(worst, strict, lowest, float(np.mean(tokens == want)), steps_agreeing, len(same))
+        return sess.run(["logits"], {n: t.numpy() for n, t in zip(names, inputs)})
+
+    return run_cases(run, steps, labels), RunResults.of(labels, [(logits,) for _, _, logits in steps])
+
+
+def policy(name: str, tolerance: Tolerance) -> Policy:
+    """The encoder-decoder kind's policy for variant ``name``: fp32 variants within ``tolerance`` with the same
+    greedy tokens, the others by the lowest logit cosine and the share of equal greedy tokens at the gates."""
+    fp32 = name in (BASELINE, "fused")
+    return Policy(tolerance, elementwise=fp32, metric=not fp32, tokens=fp32, cosine_min=GATES.cosine_min,
+                  top1_min=GATES.top1_min, cosine_name="logit cosine", top1_name="greedy tokens equal", top1=True)
 
 
 def decode_speed(sessions: Sessions, layout: Seq2SeqLayout, batch: int = 1) -> tuple[float, float]:
@@ -151,22 +145,48 @@ def decode_speed(sessions: Sessions, layout: Seq2SeqLayout, batch: int = 1) -> t
 def judge(name: str, folder: Path, layout: Seq2SeqLayout, refs, tolerance: Tolerance, threads: int | None,
           notes: tuple[str, ...] = ()) -> DecoderVariant:
     """Re-prove the three files in ``folder`` against ``refs`` and time their decode (the encoder-decoder kind's
-    judge): fp32 variants within the tolerance with the same greedy tokens, the others by the gates."""
+    judge): its runs first (the step cases' logits, greedy tokens for a padded batch), then one comparison
+    (:func:`~onnxport.prove.judging.compare_accuracy`) and one verdict."""
     sessions = open_sessions(folder, paths=[folder / f for f in FILES], threads=threads)
-    found = compare(sessions, layout, refs, tolerance)
-    if name in (BASELINE, "fused"):  # fp32: within the proof's tolerance, and the same greedy tokens
-        passed = found.strict and found.greedy_steps == found.greedy_tokens
-        why = None if passed else "outside the fp32 tolerance or greedy tokens differ"
-    else:
-        passed = found.cosine >= GATES.cosine_min and found.top1 >= GATES.top1_min
-        why = None if passed else f"cosine {found.cosine:.4f}, greedy tokens equal {found.top1:.2f}"
+    got, want = step_runs(sessions, layout, refs)
+    _, _, sources, tokens_want = refs
+    own = generate_greedy(sessions, layout, sources, tokens_want.shape[1], PLAIN)
+    tokens = token_agreement(own, tokens_want)
+    found = replace(compare_accuracy(got, want, tolerance), top1=tokens.share)
+    judged = verdict(found, policy(name, tolerance), tokens)
     tok_s, first_ms = decode_speed(sessions, layout)
     size = sum(file_bytes(folder / f) for f in FILES)
-    return DecoderVariant(name, folder / WITH_PAST_FILE, size, (), found.max_abs_err, found.strict, found.cosine,
-                          found.top1, found.greedy_steps, found.greedy_tokens, tok_s, first_ms, passed, why, notes)
+    return DecoderVariant(name, folder / WITH_PAST_FILE, size, (), found.max_abs_err, found.within, found.cosine,
+                          tokens.share, tokens.steps, tokens.total, tok_s, first_ms, judged.passed, judged.reason,
+                          notes, metrics=judged.metrics)
 
 
 register_judge(SEQ2SEQ, judge)
+
+
+def _build_three(name: str, proven: Path, folder: Path) -> Built:
+    """:func:`build_files` into a fresh ``folder``, as one build (a builder that fails: its error)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    t0 = time.perf_counter()
+    try:
+        notes = build_files(name, proven, folder)
+    except Exception as e:  # noqa: BLE001 - a crashing builder is a failed variant, not a failed run
+        if disk_full(e):
+            raise DiskFull() from e
+        return Built(folder, None, time.perf_counter() - t0, error=one_line(e, 240))
+    return Built(folder, BuildOutcome(notes=notes, path=folder), time.perf_counter() - t0)
+
+
+def _unmade(why: Unmade) -> DecoderVariant:
+    return DecoderVariant(why.name, None, error=why.why, notes=why.notes, skip_reason=why.reason)
+
+
+def variant_pass(name: str, proven: Path, folder: Path, judged) -> VariantPass[DecoderVariant]:
+    """Variant ``name`` of the three files as a pass: built into ``folder`` (the proven files themselves for the
+    baseline), judged by the encoder-decoder kind's judge (``judged(name, folder, notes=...)``)."""
+    build = None if name == BASELINE else functools.partial(_build_three, name, proven, folder)
+    return VariantPass(name, proven, build, lambda path, notes: judged(name, path, notes=notes), _unmade)
 
 
 def optimize_seq2seq(model: nn.Module, layout: Seq2SeqLayout, proven: Path, out: Path, *,
@@ -181,19 +201,8 @@ def optimize_seq2seq(model: nn.Module, layout: Seq2SeqLayout, proven: Path, out:
                                threads=threads)
 
     def one(name: str, say: Progress) -> DecoderVariant:
-        if name == BASELINE:
-            say("timing the proven files")
-            return judged(name, proven)
-        say(f"building the {name} variant of the three files")
-        folder = out / "variants" / name
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
-        try:
-            return judged(name, folder, notes=build_files(name, proven, folder))
-        except Exception as e:  # noqa: BLE001 - a crashing builder is a failed variant, not a failed run
-            if disk_full(e):
-                raise DiskFull() from e
-            return DecoderVariant(name, None, error=one_line(e, 240))
+        say("timing the proven files" if name == BASELINE else f"building the {name} variant of the three files")
+        return variant_pass(name, proven, out / "variants" / name, judged)()
 
     def skipped(name: str, why: str, reason: SkipReason) -> DecoderVariant:
         return DecoderVariant(name, None, passed=False, error=why, skip_reason=reason)
