@@ -13,6 +13,7 @@ from onnxport import families
 from onnxport.core.errors import UsageError
 from onnxport.core.greedy import PROCESSORS_FILE
 from onnxport.core.onnxfile import external_data_files
+from onnxport.runtime.variant_sessions import SessionOptions
 from onnxport.seq2seq.records import FEATURE_EXTRACTOR_FILE, FILES
 from onnxport.serve.models import (
     DEFAULT_MAX_BATCH,
@@ -85,20 +86,21 @@ class TritonRepository:
         return out
 
 
-def _read_out(path: Path) -> tuple[Path, str, dict, dict[str, int], dict]:
+def _read_out(path: Path) -> tuple[Path, str, dict, dict[str, int], SessionOptions | None]:
     """ONNX file, default name, session options, warmup sizes and the best variant's session options (report
     ``best.session_options``) from an output folder or .onnx file."""
     if path.is_file():
         if path.suffix != ".onnx":
             raise UsageError(f"{path} is not an .onnx file", "pass an onnxport output folder or a .onnx file")
-        return path, path.stem, {}, {}, {}
+        return path, path.stem, {}, {}, None
     if not path.is_dir():
         raise UsageError(f"{path} does not exist", "pass an onnxport output folder or a .onnx file")
     report = read_report(path) or {}
     onnx_path = served_file(path, report)
     if onnx_path is None:
         raise UsageError(f"{path} holds no model.onnx", "run 'onnxport export' or 'onnxport convert' first")
-    name, options, sizes, variant = path.resolve().name, {}, {}, {}
+    name, options, sizes = path.resolve().name, {}, {}
+    variant: SessionOptions | None = None
     if report:
         model = report.get("model") or {}
         name = model.get("name") or name
@@ -110,7 +112,7 @@ def _read_out(path: Path) -> tuple[Path, str, dict, dict[str, int], dict]:
             options = session_options_from_tuned(bench.get("tuned"))
         best = report.get("best")
         if onnx_path.name == "best.onnx" and isinstance(best, dict) and isinstance(best.get("session_options"), dict):
-            variant = dict(best["session_options"])
+            variant = SessionOptions.from_dict(best["session_options"])
     return onnx_path, name, options, sizes, variant
 
 

@@ -394,10 +394,9 @@ def _bench_backends(run: Run) -> tuple[dict[str, Path], list]:
     best = optimized.best if optimized is not None else None
     if best is None:
         return paths, []
-    backend = "openvino" if (best.session_options or {}).get("provider") == "openvino" else "onnxruntime"
-    label = f"{backend}:best ({best.name})"
-    options = dict(best.session_options or {})
-    if not options or options == optimize.gpu.base_options(run.device):
+    label = f"{best.backend}:best ({best.name})"
+    options = best.session_options
+    if options is None or options == runtime.SessionOptions.base(run.device):
         return (paths if best.name == "export" else {**paths, label: run.out / "best.onnx"}), []
     return paths, [optimize.gpu.SessionBackend(run.out / "best.onnx", optimize.open_for(options, run.out), label)]
 

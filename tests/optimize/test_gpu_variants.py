@@ -36,7 +36,6 @@ from onnxport.runtime import (
     Placement,
     SessionBackend,
     SessionOptions,
-    base_options,
     gpu_options_for,
     graph_blocker,
     memcpy_nodes,
@@ -111,15 +110,15 @@ def test_gpu_variants_skip_on_the_cpu(mlp, mlp_file, tmp_path):
 def test_each_gpu_variant_records_the_session_options_it_needs(mlp, mlp_file, tmp_path):
     ctx = _cuda_ctx(mlp, tmp_path, timed_at={"batch": 4})
     tf32 = gpu.build_tf32(mlp_file, tmp_path / "tf32.onnx", ctx)
-    assert tf32.path == mlp_file and tf32.session_options == {"provider": CUDA, "use_tf32": True}
+    assert tf32.path == mlp_file and tf32.session_options == SessionOptions(CUDA, use_tf32=True)
     (cuda, opts), cpu = providers_for(tf32.session_options)
     assert cuda == CUDA and opts["use_tf32"] == "1" and cpu == CPU and "enable_cuda_graph" not in opts
     assert gpu_options_for(tf32.session_options).tf32 is True
 
     trt = gpu.build_tensorrt(mlp_file, tmp_path / "trt.onnx", ctx, available=TRT_LIST, loadable=True)
     o = trt.session_options
-    assert o["provider"] == TENSORRT and o["trt_fp16_enable"] is True and trt.policy == "tensorrt"
-    assert (o["trt_profile_min_shapes"], o["trt_profile_opt_shapes"], o["trt_profile_max_shapes"]) == \
+    assert o.provider == TENSORRT and o.trt_fp16_enable is True and trt.policy == "tensorrt"
+    assert (o.trt_profile_min_shapes, o.trt_profile_opt_shapes, o.trt_profile_max_shapes) == \
         ("x:1x8", "x:4x8", "x:16x8")
     assert (tmp_path / gpu.TRT_CACHE).is_dir()
     chain = providers_for(o, out_dir=tmp_path)
@@ -134,19 +133,20 @@ def test_the_session_options_record_gives_back_the_dict_each_variant_records(mlp
     """SessionOptions.to_dict() is report.json's ``session_options`` (keys and their order); every function takes
     the record or the dict."""
     trt = gpu.build_tensorrt(mlp_file, tmp_path / "trt.onnx", _cuda_ctx(mlp, tmp_path), available=TRT_LIST,
-                             loadable=True).session_options
+                             loadable=True).session_options.to_dict()
     assert list(trt) == ["provider", "trt_fp16_enable", "trt_max_workspace_size", "trt_engine_cache_enable",
                          "trt_engine_cache_path", "trt_timing_cache_enable", "trt_timing_cache_path", "use_tf32",
                          "trt_profile_min_shapes", "trt_profile_opt_shapes", "trt_profile_max_shapes"]
-    assert base_options("cpu") == {"provider": CPU} and base_options("cuda") == {"provider": CUDA, "use_tf32": False}
-    for recorded in (GRAPH, trt, base_options("cpu"), base_options("cuda"), {"provider": CUDA, "later_key": 1}):
+    cpu, cuda = SessionOptions.base("cpu").to_dict(), SessionOptions.base("cuda").to_dict()
+    assert cpu == {"provider": CPU} and cuda == {"provider": CUDA, "use_tf32": False}
+    for recorded in (GRAPH, trt, cpu, cuda, {"provider": CUDA, "later_key": 1}):
         rec = SessionOptions.from_dict(recorded)
         assert list(rec.to_dict().items()) == list(recorded.items())
         assert providers_for(rec, tmp_path) == providers_for(recorded, tmp_path)
     assert SessionOptions.from_dict({"provider": CUDA, "use_tf32": "1"}).use_tf32 is True
     graph = SessionOptions.from_dict(GRAPH)
     assert needs_fixed_shapes(graph) and not needs_fixed_shapes(without_cuda_graph(graph))
-    assert without_cuda_graph(graph).to_dict() == without_cuda_graph(GRAPH) == base_options("cuda")
+    assert without_cuda_graph(graph).to_dict() == without_cuda_graph(GRAPH) == cuda
 
 
 def test_cuda_graph_needs_every_node_on_cuda_and_captures_the_fastest_file(mlp, mlp_file, tmp_path):
@@ -159,9 +159,10 @@ def test_cuda_graph_needs_every_node_on_cuda_and_captures_the_fastest_file(mlp, 
                                fastest=lambda paths: seen.append(sorted(paths)) or "fp16",
                                copies=lambda p, chain: [], placed=lambda p, chain: pytest.fail("not asked"))
     assert seen == [["export", "fp16"]] and out.path == fp16 and out.policy == "fp16"
-    assert out.session_options == GRAPH and needs_fixed_shapes(out.session_options)
+    assert out.session_options == SessionOptions.from_dict(GRAPH) and needs_fixed_shapes(out.session_options)
+    assert out.session_options.to_dict() == GRAPH
     assert providers_for(out.session_options)[0][1]["enable_cuda_graph"] == "1"
-    assert "enable_cuda_graph" not in without_cuda_graph(out.session_options)
+    assert without_cuda_graph(out.session_options).enable_cuda_graph is None
     with pytest.raises(Skip, match=r"copies between CPU and GPU at MemcpyToHost \(m0\)"):
         gpu.build_cuda_graph(mlp_file, tmp_path / "g.onnx", ctx, {}, copies=lambda p, chain: ["MemcpyToHost (m0)"])
     split = Placement("cuda", (CUDA, CPU), (CUDA, CPU), {CUDA: 3, CPU: 1}, ("MaxPool (pool)",))
@@ -189,7 +190,7 @@ def test_graph_sessions_keep_one_session_per_shape(mlp_file):
 
 
 def test_measure_times_a_file_under_its_variants_session_options(mlp, mlp_file):
-    options = {"cuda-graph": {"provider": CPU, "enable_cuda_graph": True}}
+    options = {"cuda-graph": SessionOptions(CPU, enable_cuda_graph=True)}
     lat = choice.measure({"export": mlp_file, "cuda-graph": mlp_file}, mlp, [1], seconds=0.1, threads=1,
                          options=options)
     assert lat["export"]["1"] > 0 and lat["cuda-graph"]["1"] > 0
@@ -220,13 +221,13 @@ def test_gpu_fp16_of_a_hugging_face_bert_is_fused_with_fp32_io(tmp_path):
 
 
 def test_report_records_the_options_of_each_variant_and_of_the_best(mlp):
-    base = Variant("export", "model.onnx", True, latency_ms={"1": 1.2}, session_options={"provider": CUDA,
-                                                                                         "use_tf32": False})
-    graph = Variant("cuda-graph", "variants/fp16.onnx", True, latency_ms={"1": 0.4}, session_options=GRAPH)
+    base = Variant("export", "model.onnx", True, latency_ms={"1": 1.2}, session_options=SessionOptions.base("cuda"))
+    graph = Variant("cuda-graph", "variants/fp16.onnx", True, latency_ms={"1": 0.4},
+                    session_options=SessionOptions.from_dict(GRAPH))
     result = OptimizeResult((base, graph), graph, None, 1, timed_at={"batch": 1, "seq": 128})
     rep = build_report(Outcome(mlp, None, (), {}, optimized=result))
     assert rep["best"]["session_options"] == GRAPH and rep["best"]["name"] == "cuda-graph"
-    assert [v["session_options"] for v in rep["variants"]] == [base.session_options, GRAPH]
+    assert [v["session_options"] for v in rep["variants"]] == [{"provider": CUDA, "use_tf32": False}, GRAPH]
     jsonschema.validate(rep["variants"], report.schema()["properties"]["variants"])
 
 
@@ -243,7 +244,8 @@ def test_report_records_the_options_of_each_variant_and_of_the_best(mlp):
 def test_triton_config_carries_the_best_variants_options(mlp_file, options, accelerators):
     from tritonclient.grpc import model_config_pb2 as pb2
 
-    text = config_pbtxt(model_config(signature(mlp_file), "m", gpu=True, max_batch=8, variant_options=options))
+    text = config_pbtxt(model_config(signature(mlp_file), "m", gpu=True, max_batch=8,
+                                     variant_options=SessionOptions.from_dict(options)))
     cfg = text_format.Parse(text, pb2.ModelConfig())
     got = {a.name: dict(a.parameters) for a in cfg.optimization.execution_accelerators.gpu_execution_accelerator}
     assert got == accelerators
@@ -285,7 +287,7 @@ def test_the_benchmark_times_the_best_with_its_session_options(mlp, mlp_file):
     from onnxport.bench import run
     from onnxport.core.options import BenchOptions
 
-    best = SessionBackend(mlp_file, open_for({"provider": CPU, "enable_cuda_graph": True}),
+    best = SessionBackend(mlp_file, open_for(SessionOptions(CPU, enable_cuda_graph=True)),
                               "onnxruntime:best (cuda-graph)")
     options = BenchOptions(batches=(2,), min_runs=3, max_seconds=0.5, warmup=1, threads=1)
     result = run(mlp, {"onnxruntime": mlp_file}, options, peak=False, openvino=False, extra_backends=[best])
@@ -303,9 +305,9 @@ def test_variants_on_cuda_prove_and_time_each_under_its_options(mlp, mlp_file, t
     res = optimize.variants(mlp, mlp_file, tmp_path,
                             optimize.VariantOptions(names=["tf32", "cuda-graph"], device="cuda", bench_batches=(1,), bench_seconds=0.2))
     by = {v.name: v for v in res.variants}
-    assert by["export"].session_options == {"provider": CUDA, "use_tf32": False}
+    assert by["export"].session_options == SessionOptions(CUDA, use_tf32=False)
     tf32 = by["tf32"]
-    assert tf32.passed and tf32.session_options == {"provider": CUDA, "use_tf32": True}
+    assert tf32.passed and tf32.session_options == SessionOptions(CUDA, use_tf32=True)
     assert Path(tf32.path) == mlp_file and tf32.tolerance.to_dict() == TF32.to_dict() and tf32.latency_ms["1"] > 0
     assert by["cuda-graph"].skipped and "a CUDA graph needs every node on CUDA" in by["cuda-graph"].skipped
-    assert res.best is not None and res.best.session_options["provider"] == CUDA
+    assert res.best is not None and res.best.session_options.provider == CUDA

@@ -18,7 +18,7 @@ from onnxport.optimize.nncf_int8 import overflow_fix
 from onnxport.optimize.plan import default_plan
 from onnxport.optimize.policy import tolerance_policy
 from onnxport.optimize.result import SkipReason, Variant
-from onnxport.runtime import open_for
+from onnxport.runtime import SessionOptions, open_for
 from onnxport.runtime.openvino import bf16_missing, compile_config
 from tests.conftest import MODELS
 
@@ -119,7 +119,7 @@ def test_openvino_variants_proven_and_timed(mlp_run):
     by = {v.name: v for v in result.variants}
     f32 = by["openvino"]
     assert f32.passed, f32.reason
-    assert f32.session_options["provider"] == "openvino" and f32.session_options["inference_precision"] == "f32"
+    assert f32.session_options.provider == "openvino" and f32.session_options.inference_precision == "f32"
     assert f32.details["backend"] == "openvino" and f32.latency_ms.get("1")
     assert f32.tolerance is not None and f32.tolerance.atol <= 1e-4
     bf16 = by["openvino-bf16"]
@@ -161,7 +161,7 @@ def test_triton_config_follows_an_openvino_best(tmp_path):
     assert config["parameters"]["INFERENCE_NUM_THREADS"] == {"string_value": "2"}
     text = config_pbtxt(config)
     assert 'backend: "openvino"' in text and "onnxruntime_onnx" in text  # the note says how to switch back
-    plain = model_config(sig, "m", variant_options={"provider": "CPUExecutionProvider"})
+    plain = model_config(sig, "m", variant_options=SessionOptions("CPUExecutionProvider"))
     assert plain["platform"] == "onnxruntime_onnx"
 
 
@@ -178,7 +178,7 @@ def test_served_from_a_triton_repository_on_openvino(tmp_path):
                           variant_options=ov_variants.openvino_options("f32"))
     (tmp_path / "m" / "config.pbtxt").write_text(config_pbtxt(config))
     source = _from_repository_entry(tmp_path / "m")
-    assert source.proven_options["provider"] == "openvino"
+    assert source.proven_options == ov_variants.openvino_options("f32")
     served = load(source, None, None, Metrics())
     assert served.session.get_providers() == ["openvino"]
 
@@ -242,7 +242,7 @@ def test_openvino_int8_keeps_the_sensitive_node_out_of_int8(tmp_path):
     sens = v.details["sensitivity"]
     assert sens["plain_int8_metric"]["passed"] is False and sens["kept"] == 1 == len(sens["kept_fp32"])
     assert sens["of"] == 2 and v.metric.value >= 0.99
-    assert v.session_options["inference_precision"] == ov_variants.int8_precision()
+    assert v.session_options.inference_precision == ov_variants.int8_precision()
     assert v.details["calibration"].startswith("16 generated inputs") and v.batch_invariant is not None
     assert v.details["overflow_fix"] == overflow_fix()  # 7-bit weights where the CPU's int8 sums saturate
 
@@ -279,10 +279,10 @@ def test_openvino_int8_says_how_onnxruntime_opens_it(mlp_run):
 
 
 def test_an_openvino_best_is_said_with_how_onnxruntime_opens_it():
-    from types import SimpleNamespace
-
-    best = SimpleNamespace(name="openvino-int8", session_options={"provider": "openvino", "inference_precision": "bf16"},
-                           details={"onnxruntime": "opens only at graph optimization level basic (…)"})
+    options = SessionOptions("openvino", inference_precision="bf16")
+    best = Variant("openvino-int8", "best.onnx", True, session_options=options,
+                   details={"onnxruntime": "opens only at graph optimization level basic (…)"})
     [note] = ov_variants.best_notes(best)
     assert note.code == "best-needs-openvino" and "bf16" in note.message and "level basic" in note.message
-    assert ov_variants.best_notes(SimpleNamespace(name="int8", session_options={}, details={})) == []
+    assert ov_variants.best_notes(Variant("int8", "best.onnx", True)) == []
+    assert ov_variants.best_notes(Variant("int8", "best.onnx", True, session_options=SessionOptions.base("cpu"))) == []

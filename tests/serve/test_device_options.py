@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from onnxport.runtime import CUDA, TENSORRT, SessionOptions
 from onnxport.serve.models import discover
 from onnxport.serve.served import device_options
 
@@ -19,7 +20,7 @@ def _out(tmp_path, options: dict):
 def test_cuda_serves_with_the_proven_options_but_no_cuda_graph(tmp_path):
     source = _out(tmp_path, {"provider": "CUDAExecutionProvider", "use_tf32": True, "enable_cuda_graph": True,
                              "io_binding": True})
-    assert source.proven_options["enable_cuda_graph"] is True
+    assert source.proven_options.enable_cuda_graph is True
     providers = device_options(source, "cuda")["providers"]
     (name, cuda), cpu = providers
     assert name == "CUDAExecutionProvider" and cpu == "CPUExecutionProvider"
@@ -41,3 +42,20 @@ def test_cpu_ignores_the_proven_options(tmp_path):
     assert "providers" not in device_options(source, "cpu")
     plain = _out(tmp_path, {"provider": "CPUExecutionProvider"})
     assert "providers" not in device_options(plain, "cuda")
+
+
+def test_the_model_source_reads_best_session_options_into_the_record(tmp_path):
+    recorded = {"provider": "TensorrtExecutionProvider", "trt_fp16_enable": True, "trt_engine_cache_path": "tensorrt",
+                "use_tf32": False, "trt_profile_max_shapes": "x:64x8"}
+    source = _out(tmp_path, recorded)
+    assert source.proven_options == SessionOptions(TENSORRT, trt_fp16_enable=True, trt_engine_cache_path="tensorrt",
+                                                   use_tf32=False, trt_profile_max_shapes="x:64x8")
+    assert source.proven_options.to_dict() == recorded
+    assert _out(tmp_path, {}).proven_options is None  # nothing recorded: the device's defaults
+
+
+def test_triton_reads_best_session_options_into_the_record(tmp_path):
+    from onnxport.deploy import _read_out
+
+    _out(tmp_path, {"provider": "CUDAExecutionProvider", "use_tf32": True, "enable_cuda_graph": "1"})
+    assert _read_out(tmp_path)[4] == SessionOptions(CUDA, use_tf32=True, enable_cuda_graph=True)

@@ -31,7 +31,6 @@ from onnxport.optimize.result import (
 from onnxport.runtime.variant_sessions import (  # re-exported: how a variant's file is run lives in runtime
     GraphSessions,
     SessionBackend,
-    base_options,
     gpu_options_for,
     needs_fixed_shapes,
     open_for,
@@ -41,4 +40,4 @@ from onnxport.runtime.variant_sessions import (  # re-exported: how a variant's 
 __all__ = ["ALL_VARIANTS", "BASELINE", "DECODER", "GATES", "GPU_VARIANTS", "MIN_GAIN", "MODEL", "VARIANTS", "Budget",
            "BuildContext", "BuildOutcome", "Gates", "Skip", "SkipReason", "build_into", "clearly_faster",
            "each_variant", "install_best", "register", "register_judge", "GraphSessions", "Metric", "OptimizeResult", "SessionBackend", "Variant",
-           "base_options", "gpu_options_for", "needs_fixed_shapes", "open_for", "parse_names", "providers_for", "select_best", "variants", "VariantOptions"]
+           "gpu_options_for", "needs_fixed_shapes", "open_for", "parse_names", "providers_for", "select_best", "variants", "VariantOptions"]

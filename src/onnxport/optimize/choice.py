@@ -54,7 +54,7 @@ from onnxport.runtime.feeds import FeedMap
 from onnxport.runtime.sessions import CPU, TENSORRT
 from onnxport.runtime.variant_sessions import (
     SessionBackend,
-    base_options,
+    SessionOptions,
     is_openvino,
     needs_fixed_shapes,
     open_for,
@@ -114,17 +114,18 @@ def select_best(entries: Sequence[Variant | Mapping[str, Any]]) -> Variant | Map
 # --------------------------------------------------------------------------- timing
 
 
-def _backend(name: str, path: Path, options: Mapping | None, threads: int, out_dir: Path | None, device: str):
+def _backend(name: str, path: Path, options: SessionOptions | None, threads: int, out_dir: Path | None,
+             device: str):
     """The timing backend of one file run with its variant's session ``options`` (IO binding on a GPU; OpenVINO
     through its session adapter)."""
-    if options and (needs_fixed_shapes(options) or options.get("provider") == TENSORRT or is_openvino(options)):
+    if options is not None and (needs_fixed_shapes(options) or options.provider == TENSORRT or is_openvino(options)):
         return SessionBackend(path, open_for(options, out_dir, threads=threads), name)
-    providers = providers_for(options, out_dir) if options and options.get("provider", CPU) != CPU else None
+    providers = providers_for(options, out_dir) if options is not None and options.provider != CPU else None
     return OrtBackend(path, threads=threads, name=name, providers=providers, io_binding=device == "cuda")
 
 
 def measure(paths: dict[str, Path], loaded: LoadedModel, batches: Sequence[int], *, seq: int | None = None,
-            seconds: float = 1.5, threads: int | None = None, options: Mapping[str, dict] | None = None,
+            seconds: float = 1.5, threads: int | None = None, options: Mapping[str, SessionOptions] | None = None,
             out_dir: Path | None = None, device: str = "cpu") -> Latencies:
     """p50 ms per name and batch, all files timed in interleaved warm blocks on the same inputs and threads;
     ``options``: each name's session options (optimize/gpu.py), ``out_dir`` resolves their relative paths."""
@@ -167,7 +168,7 @@ class _Timing:
     seq: int | None
     seconds: float
     threads: int
-    options: dict[str, dict] = field(default_factory=dict)  # each variant's session options (filled as built)
+    options: dict[str, SessionOptions] = field(default_factory=dict)  # each variant's session options (as built)
     out: Path | None = None
     device: str = "cpu"
 
@@ -290,12 +291,12 @@ def build_variant(name: str, src: Path, dst: Path, ctx: BuildContext) -> BuildOu
     return builder(MODEL, name)(src, dst, ctx)
 
 
-def _opener(ctx: BuildContext, options: dict | None, out: Path):
+def _opener(ctx: BuildContext, options: SessionOptions | None, out: Path):
     """How a variant's proof opens its session: with its own options, or on a GPU the recorded defaults (CUDA,
     TF32 off) rather than whatever chain the device has; None on the CPU (the configured sessions)."""
     if options is None and ctx.device != "cuda":
         return None
-    return open_for(options or base_options(ctx.device), out)
+    return open_for(options or SessionOptions.base(ctx.device), out)
 
 
 def _baseline(model_path: Path, out: Path, ctx: BuildContext) -> Variant:
@@ -306,7 +307,7 @@ def _baseline(model_path: Path, out: Path, ctx: BuildContext) -> Variant:
                          _opener(ctx, None, out))
     return Variant(BASELINE, relative(model_path, out), prove_seconds=time.perf_counter() - t0,
                    batch_invariant=_batch_invariance(ctx, BASELINE, model_path),
-                   session_options=base_options(ctx.device),
+                   session_options=SessionOptions.base(ctx.device),
                    **file_facts(model_path), **replace(proof, divergence=None, divergence_error=None).variant_fields())
 
 
@@ -327,11 +328,11 @@ def _variant(name: str, src: Path, dst: Path, out: Path, ctx: BuildContext) -> V
                                opener))
     prove_s = outcome.prove_seconds + time.perf_counter() - t1
     # a file run with other provider options: its batch invariance is the file's, checked where it was built
-    invariant = (_batch_invariance(ctx, name, dst, opener if is_openvino(outcome.session_options or {}) else None)
+    invariant = (_batch_invariance(ctx, name, dst, opener if is_openvino(outcome.session_options) else None)
                  if proof.passed and outcome.path is None else None)
     return Variant(name, relative(file, out), build_seconds=made.seconds, prove_seconds=prove_s,
                    details=outcome.details, batch_invariant=invariant,
-                   session_options=outcome.session_options or base_options(ctx.device),
+                   session_options=outcome.session_options or SessionOptions.base(ctx.device),
                    **file_facts(file), **proof.variant_fields())
 
 
@@ -412,7 +413,7 @@ def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path,
     judged_on, left_out = (every, []) if wanted != AUTO or cases is not None else screening_cases(loaded, every)
     refs = reference_outputs(loaded, judged_on, known)
     timed_at = sizes_at(loaded, bench_seq)
-    options: dict[str, dict] = {}
+    options: dict[str, SessionOptions] = {}
     timing = _Timing(loaded, bench_batches, bench_seq, bench_seconds, threads, options, out, device)
     ctx = BuildContext(loaded, tolerance, refs, transformer_params(loaded), say, deadline=budget.deadline,
                        samples=samples, device=device, out=out, timed_at=timed_at, fastest=timing.fastest,
@@ -458,7 +459,7 @@ def _left_out_failure(best: Variant, path: Path, refs: Refs, ctx: BuildContext) 
     left = ", ".join(c.label for c in refs.cases)
     ctx.progress(f"proving {best.name} on the case(s) left to the best: {left}")
     proof = judge(MODEL)(ctx.loaded, best.name, path, refs, ctx.tolerance, None,
-                         _opener(ctx, None if best.session_options == base_options(ctx.device)
+                         _opener(ctx, None if best.session_options == SessionOptions.base(ctx.device)
                                  else best.session_options, ctx.out or path.parent))
     if proof.passed:
         return None
@@ -482,7 +483,7 @@ def _build_all(plan: Plan, model_path: Path, vdir: Path, out: Path, ctx: BuildCo
         if entry.path:
             inside = out / entry.path  # relative() names a file in OUT relative to it, any other as given
             files[name] = inside if inside.exists() else Path(entry.path)
-            if not entry.session_options or entry.session_options == base_options(ctx.device):
+            if entry.session_options in (None, SessionOptions.base(ctx.device)):
                 built[name] = files[name]
                 if entry.passed:
                     passed[name] = files[name]

@@ -16,9 +16,10 @@ from pathlib import Path
 from onnxport.core.logs import Progress, noop
 from onnxport.core.records import FP32, Tolerance
 from onnxport.core.samples import Case
-from onnxport.optimize.result import Proof, SessionOptions, SkipReason
+from onnxport.optimize.result import Proof, SkipReason
 from onnxport.prove.references import Refs, references
 from onnxport.prove.samples import SampleRefs
+from onnxport.runtime.variant_sessions import SessionOptions
 from onnxport.sources.base import LoadedModel
 
 __all__ = ["BuildContext", "BuildOutcome", "Builder", "Refs", "Skip", "reference_outputs", "sample_refs"]

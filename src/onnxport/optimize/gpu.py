@@ -22,18 +22,17 @@ from onnxport.optimize.context import BuildContext, BuildOutcome, Skip
 from onnxport.runtime import sessions as _sessions
 from onnxport.runtime.libraries import tensorrt_loadable
 from onnxport.runtime.sessions import CUDA, TENSORRT, Placement, available_providers
-from onnxport.runtime.variant_sessions import (  # base_options, SessionBackend: read as optimize.gpu.* by pipeline.py
+from onnxport.runtime.variant_sessions import (  # SessionBackend: read as optimize.gpu.* by pipeline.py
     TRT_WORKSPACE,
     SessionBackend,
     SessionOptions,
-    base_options,
     graph_blocker,
     memcpy_nodes,
     providers_for,
 )
 from onnxport.sources.base import LoadedModel
 
-__all__ = ["GRAPH_BASES", "NEEDS_CUDA", "TRT_CACHE", "SessionBackend", "base_options", "build_cuda_graph",
+__all__ = ["GRAPH_BASES", "NEEDS_CUDA", "TRT_CACHE", "SessionBackend", "build_cuda_graph",
            "build_tensorrt", "build_tf32", "profile_shapes", "tensorrt_missing"]
 
 TRT_CACHE = "tensorrt"  # OUT/tensorrt/: TensorRT's engine and timing caches
@@ -83,7 +82,7 @@ def build_tf32(src: Path, dst: Path, ctx: BuildContext) -> BuildOutcome:
     """``tf32``: the fp32 export with the CUDA provider's TF32 (``dst`` is not written)."""
     _need_cuda(ctx)
     return BuildOutcome({"file": "the fp32 export", "use_tf32": True}, path=src,
-                        session_options=SessionOptions(CUDA, use_tf32=True).to_dict())
+                        session_options=SessionOptions(CUDA, use_tf32=True))
 
 
 def build_tensorrt(src: Path, dst: Path, ctx: BuildContext, available: Sequence[str] | None = None,
@@ -101,7 +100,7 @@ def build_tensorrt(src: Path, dst: Path, ctx: BuildContext, available: Sequence[
                              trt_timing_cache_enable=True, trt_timing_cache_path=TRT_CACHE, use_tf32=False,
                              **profile_shapes(ctx.loaded, ctx.timed_at))
     return BuildOutcome({"file": "the fp32 export", "engine_cache": f"{TRT_CACHE}/"}, path=src,
-                        session_options=options.to_dict(), policy="tensorrt")
+                        session_options=options, policy="tensorrt")
 
 
 GRAPH_BASES = ("fp16", "fused", "export")  # the files a CUDA graph may capture, when they passed
@@ -131,4 +130,4 @@ def build_cuda_graph(src: Path, dst: Path, ctx: BuildContext, passed: Mapping[st
         raise Skip(f"{why} (in the {base} file)")
     options = SessionOptions(CUDA, use_tf32=False, enable_cuda_graph=True, io_binding=True, graph_per_shape=True)
     return BuildOutcome({"file": base, "graph": "one capture per input shape (a session per shape)"}, path=path,
-                        session_options=options.to_dict(), policy=base)
+                        session_options=options, policy=base)

@@ -26,7 +26,7 @@ from onnxport import environment
 from onnxport.core.diagnostics import Diagnostic, info
 from onnxport.core.errors import one_line
 from onnxport.optimize.context import BuildContext, BuildOutcome, Skip
-from onnxport.optimize.result import SkipReason
+from onnxport.optimize.result import SkipReason, Variant
 from onnxport.runtime.openvino import LATENCY, OPENVINO, bf16_missing, openvino_missing, openvino_version
 from onnxport.runtime.sessions import session
 from onnxport.runtime.variant_sessions import SessionOptions, open_for
@@ -59,9 +59,9 @@ def why_not_here(name: str, cpu_flags: Sequence[str] | None = None, device: str 
     return (why, SkipReason.NOT_BUILT) if why else None
 
 
-def openvino_options(precision: str) -> dict:
+def openvino_options(precision: str) -> SessionOptions:
     """The session options of a file run by OpenVINO at ``precision`` (report ``session_options``)."""
-    return SessionOptions(OPENVINO, inference_precision=precision, performance_hint=LATENCY).to_dict()
+    return SessionOptions(OPENVINO, inference_precision=precision, performance_hint=LATENCY)
 
 
 def _check(name: str, ctx: BuildContext) -> None:
@@ -125,14 +125,14 @@ def onnxruntime_opens(path: Path) -> str:
         return f"does not open: {one_line(e)}"
 
 
-def best_notes(best: object) -> list[Diagnostic]:
+def best_notes(best: Variant) -> list[Diagnostic]:
     """An info line when the best variant is run by OpenVINO (``best-needs-openvino``): bench, serve and triton
     follow it; a user taking best.onnx elsewhere needs OpenVINO, and is told how onnxruntime opens it."""
-    options = getattr(best, "session_options", None) or {}
-    if options.get("provider") != "openvino":
+    options = best.session_options
+    if options is None or options.provider != OPENVINO:
         return []
-    ort_says = (getattr(best, "details", None) or {}).get("onnxruntime", "opens")
-    precision = options.get("inference_precision", "f32")
+    ort_says = (best.details or {}).get("onnxruntime", "opens")
+    precision = options.inference_precision or "f32"
     return [info("best-needs-openvino",
                  f"best.onnx is {best.name}, proven and timed on OpenVINO at {precision} inference precision "
                  f"(bench, serve and triton run it there); onnxruntime: {ort_says}",

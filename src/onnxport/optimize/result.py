@@ -22,17 +22,14 @@ from onnxport.optimize.registry import (
     VARIANTS,
     parse_names,
 )
+from onnxport.runtime.openvino import OPENVINO
+from onnxport.runtime.variant_sessions import SessionOptions
 
 __all__ = ["ALL_VARIANTS", "AUTO", "BASELINE", "COSINE_MIN", "GPU_VARIANTS", "OPENVINO_VARIANTS", "ORT_LEVEL", "TOP1_MIN", "VARIANTS",
            "Metric", "OptimizeResult", "Proof", "SampleJudgement", "SessionOptions", "SkipReason", "Variant",
            "parse_names"]
 
 ORT_LEVEL = "extended"  # basic/extended graphs are portable; ORT_ENABLE_ALL layouts are hardware-specific
-
-# How a variant's file must be run (provider and its options, optimize/gpu.py). A plain dict for now: the one
-# place to switch to runtime's typed record.
-SessionOptions = dict[str, Any]
-
 
 class SkipReason(str, enum.Enum):
     """Why a variant was not built: what the report, the terminal and the HTML branch on (never the message)."""
@@ -128,7 +125,7 @@ class Variant:
     details: dict = field(default_factory=dict)
     batch_invariant: BatchInvariance | None = None  # prove.batching: each row alone == inside a batch
     samples: SampleJudgement | None = None  # judged on the user's --samples too (metrics, failing samples)
-    session_options: SessionOptions | None = None  # how the file must be run (optimize/gpu.py)
+    session_options: SessionOptions | None = None  # how the file must be run (optimize/gpu.py, optimize/openvino.py)
     skip_reason: SkipReason | None = None
     divergence_error: str | None = None  # localizing the divergence failed (report ``divergence.error``)
 
@@ -140,8 +137,8 @@ class Variant:
     @property
     def backend(self) -> str:
         """The runtime the file runs on: "openvino" when its session options say so, else "onnxruntime"."""
-        provider = (self.session_options or {}).get("provider")
-        return "openvino" if provider == "openvino" else "onnxruntime"
+        options = self.session_options
+        return "openvino" if options is not None and options.provider == OPENVINO else "onnxruntime"
 
     def _divergence(self) -> dict | None:
         if self.divergence is not None:
@@ -161,7 +158,7 @@ class Variant:
                 "divergence": self._divergence(), "details": self.details,
                 **({"batch_invariant": self.batch_invariant.to_dict()} if self.batch_invariant is not None else {}),
                 **({"samples": self.samples.to_dict()} if self.samples is not None else {}),
-                **({"session_options": self.session_options} if self.session_options is not None else {})}
+                **({"session_options": self.session_options.to_dict()} if self.session_options is not None else {})}
 
 
 @dataclass(frozen=True)

@@ -167,10 +167,11 @@ def build_report(o: Outcome) -> dict:
         rep["runtime"] = o.placement.to_dict()
     if o.optimized is not None:
         best = o.optimized.best
+        options = None if best is None else best.session_options
         rep["best"] = None if best is None else {"name": best.name, "path": "best.onnx", "speedup": best.speedup,
                                                  "timed_at": o.optimized.timed_at,
                                                  "judged_on": o.optimized.judged_on,
-                                                 "session_options": dict(best.session_options or {})}
+                                                 "session_options": {} if options is None else options.to_dict()}
     for name, section in o.sections.items():  # the records a family keeps that the contract has no field for
         rep[name] = section.to_dict()
     if o.log:

@@ -31,7 +31,6 @@ from onnxport.runtime.variant_sessions import (
     GraphSessions,
     SessionBackend,
     SessionOptions,
-    base_options,
     gpu_options_for,
     graph_blocker,
     is_openvino,
@@ -47,7 +46,7 @@ __all__ = [
     "Placement", "available_providers", "check_device", "loaded_on_device", "parse_placement", "placement",
     "placement_from", "provider_chain", "provider_names", "runtime_providers", "session", "strict_fp32",
     "unloadable_providers", "LibraryStatus", "cudnn_loadable", "gpu_libraries", "tensorrt_loadable",
-    "GraphSessions", "SessionBackend", "SessionOptions", "base_options", "gpu_options_for", "graph_blocker", "is_openvino",
+    "GraphSessions", "SessionBackend", "SessionOptions", "gpu_options_for", "graph_blocker", "is_openvino",
     "memcpy_nodes", "needs_fixed_shapes", "open_for", "providers_for", "without_cuda_graph",
     "OPENVINO", "OpenVinoSession", "bf16_missing", "openvino_missing",
 ]

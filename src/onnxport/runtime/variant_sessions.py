@@ -94,11 +94,6 @@ def _record(options: Mapping | SessionOptions | None) -> SessionOptions:
     return SessionOptions.from_dict(options)
 
 
-def base_options(device: str) -> dict:
-    """The options of a variant run with the device's defaults (:meth:`SessionOptions.base`) as a dict."""
-    return SessionOptions.base(device).to_dict()
-
-
 def is_openvino(options: Mapping | SessionOptions | None) -> bool:
     """Whether the options run the file on OpenVINO rather than ONNX Runtime (:mod:`onnxport.runtime.openvino`)."""
     return bool(options) and _record(options).provider == OPENVINO

@@ -13,7 +13,9 @@ from onnxport import families
 from onnxport.core.errors import UsageError, one_line
 from onnxport.core.outdir import served_output_folder
 from onnxport.prove.check import check
+from onnxport.runtime.openvino import OPENVINO
 from onnxport.runtime.sessions import OPT_LEVELS
+from onnxport.runtime.variant_sessions import SessionOptions
 
 # numpy dtype name -> Open Inference Protocol datatype
 OIP_DATATYPES = {
@@ -96,7 +98,7 @@ class ModelSource:
     session_options: dict = field(default_factory=dict)  # keyword arguments for runtime.session()
     batching_off: str | None = None  # why this model is served unbatched whatever --max-batch says
     decoder_layout: dict | None = None  # report.json's decoder.layout, for a decoder exported with its cache
-    proven_options: dict | None = None  # report.json's best.session_options: how best.onnx was proven (TF32, TensorRT)
+    proven_options: SessionOptions | None = None  # report.json's best.session_options: how best.onnx was proven
     constrained_dims: dict | None = None  # report.json's dims the model runs at some sizes of only: {sym: rule/sizes}
 
 
@@ -180,13 +182,14 @@ def _from_output_folder(out: Path) -> ModelSource:
         section = next((report[key] for key in families.sections() if report.get(key)), None)
         layout = section.get("layout") if isinstance(section, dict) else None
         best = report.get("best")
-        proven = best.get("session_options") if isinstance(best, dict) and onnx_path.name == "best.onnx" else None
+        recorded = best.get("session_options") if isinstance(best, dict) and onnx_path.name == "best.onnx" else None
+        proven = SessionOptions.from_dict(recorded) if isinstance(recorded, dict) and recorded else None
         constrained = _constrained_dims(report)
     note = _not_batch_invariant(report, onnx_path.name)
     return ModelSource(_model_name(name), "1", onnx_path, session_options=options,
                        max_batch=1 if note else None, batching_off=note,
                        decoder_layout=layout if isinstance(layout, dict) else None,
-                       proven_options=proven if isinstance(proven, dict) and proven else None,
+                       proven_options=proven,
                        constrained_dims=constrained)
 
 
@@ -277,10 +280,10 @@ def _from_repository_entry(entry: Path) -> ModelSource | None:
         if value and value.isdigit() and int(value) > 0:
             options[arg] = int(value)
     name = _config_value(text, "name") or entry.name
-    proven = None
+    proven: SessionOptions | None = None
     if platform == "openvino":  # onnxport triton wrote it for a best proven on OpenVINO: served there too
-        proven = {"provider": "openvino", "inference_precision": _config_parameter(text, "INFERENCE_PRECISION_HINT")
-                  or "f32", "performance_hint": _config_parameter(text, "PERFORMANCE_HINT") or "LATENCY"}
+        proven = SessionOptions(OPENVINO, inference_precision=_config_parameter(text, "INFERENCE_PRECISION_HINT")
+                                or "f32", performance_hint=_config_parameter(text, "PERFORMANCE_HINT") or "LATENCY")
         threads = _config_parameter(text, "INFERENCE_NUM_THREADS")
         options.update({"threads": int(threads)} if threads and threads.isdigit() else {})
     return ModelSource(name, str(versions[0]), entry / str(versions[0]) / filename,

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from onnxport.core.errors import UsageError
 from onnxport.core.options import RuntimeOptions
-from onnxport.runtime.sessions import OrtOptions, runtime_providers, session
+from onnxport.runtime.sessions import CPU, OrtOptions, runtime_providers, session
 from onnxport.runtime.variant_sessions import is_openvino, open_for, providers_for, without_cuda_graph
 from onnxport.serve.batcher import Batcher, BatchStats, InferenceError, Outputs
 from onnxport.serve.generate import (
@@ -300,8 +300,9 @@ def device_options(source: ModelSource, device: str = "cpu", chain: list | None 
                                    execution_mode=tuned.get("execution_mode") or "sequential",
                                    enable_mem_pattern=tuned.get("enable_mem_pattern"),
                                    enable_cpu_mem_arena=tuned.get("enable_cpu_mem_arena"))
-    if device == "cuda" and source.proven_options and source.proven_options.get("provider") != "CPUExecutionProvider":
-        kw["providers"] = providers_for(without_cuda_graph(source.proven_options), source.onnx_path.parent)
+    proven = source.proven_options
+    if device == "cuda" and proven is not None and proven.provider != CPU:
+        kw["providers"] = providers_for(without_cuda_graph(proven), source.onnx_path.parent)
     elif chain is not None:
         kw["providers"] = chain
     return kw

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 from onnxport.core.greedy import GreedyRules
+from onnxport.runtime.sessions import CUDA, TENSORRT
+from onnxport.runtime.variant_sessions import SessionOptions, is_openvino
 from onnxport.serve.models import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_DELAY_MS,
@@ -44,40 +46,36 @@ def _tensor(spec: TensorSpec, batched: bool) -> dict:
     return entry
 
 
-def _on(value: object) -> bool:
-    return str(value).lower() in ("1", "true")
-
-
-def gpu_accelerators(variant_options: dict | None) -> list[dict]:
+def gpu_accelerators(variant_options: SessionOptions | None) -> list[dict]:
     """Triton onnxruntime backend ``gpu_execution_accelerator`` entries reproducing the best variant's session
     options (report ``best.session_options``): TensorRT with fp16 and its profile shapes when the best ran
     under TensorRT; the CUDA provider's ``use_tf32`` (off unless the best is ``tf32``: onnxport proves fp32
     with it off) and ``enable_cuda_graph``. Without recorded GPU options: TensorRT in FP16 (not proven)."""
-    options = variant_options or {}
-    provider = options.get("provider")
-    if provider not in ("CUDAExecutionProvider", "TensorrtExecutionProvider"):
+    options = variant_options
+    if options is None or options.provider not in (CUDA, TENSORRT):
         return [_TRT_DEFAULT]
     accel = []
-    if provider == "TensorrtExecutionProvider":
-        params = {"precision_mode": "FP16" if _on(options.get("trt_fp16_enable")) else "FP32",
-                  "max_workspace_size_bytes": str(options.get("trt_max_workspace_size", 1073741824)),
+    if options.provider == TENSORRT:
+        workspace = options.trt_max_workspace_size
+        params = {"precision_mode": "FP16" if options.trt_fp16_enable else "FP32",
+                  "max_workspace_size_bytes": str(1073741824 if workspace is None else workspace),
                   "trt_engine_cache_enable": "1"}
-        params.update({k: str(options[k]) if not isinstance(options[k], bool) else str(int(options[k]))
-                       for k in _TRT_KEYS if k in options})
+        set_keys = {k: v for k in _TRT_KEYS if (v := getattr(options, k)) is not None}
+        params.update({k: str(int(v)) if isinstance(v, bool) else str(v) for k, v in set_keys.items()})
         accel.append({"name": "tensorrt", "parameters": params})
-    cuda = {"use_tf32": "1" if _on(options.get("use_tf32")) else "0"}
-    if _on(options.get("enable_cuda_graph")):
+    cuda = {"use_tf32": "1" if options.use_tf32 else "0"}
+    if options.enable_cuda_graph:
         cuda["enable_cuda_graph"] = "1"
     accel.append({"name": "cuda", "parameters": cuda})
     return accel
 
 
-def openvino_parameters(variant_options: dict, threads: int | None = None) -> dict:
+def openvino_parameters(variant_options: SessionOptions, threads: int | None = None) -> dict:
     """Triton OpenVINO backend parameters reproducing an OpenVINO variant's session options (report
     ``best.session_options``): its inference precision (OpenVINO's own default on a bf16 CPU is bf16, so it is
     always written), its performance hint and, when tuned, its thread count (OpenVINO property names)."""
-    params = {"INFERENCE_PRECISION_HINT": variant_options.get("inference_precision") or "f32",
-              "PERFORMANCE_HINT": variant_options.get("performance_hint") or "LATENCY"}
+    params = {"INFERENCE_PRECISION_HINT": variant_options.inference_precision or "f32",
+              "PERFORMANCE_HINT": variant_options.performance_hint or "LATENCY"}
     if threads:
         params["INFERENCE_NUM_THREADS"] = int(threads)
     return params
@@ -86,7 +84,7 @@ def openvino_parameters(variant_options: dict, threads: int | None = None) -> di
 def model_config(sig: Signature, name: str, *, max_batch: int = DEFAULT_MAX_BATCH,
                  max_delay_us: int = int(DEFAULT_MAX_DELAY_MS * 1000), instance_count: int = 1,
                  gpu: bool = False, session_options: dict | None = None,
-                 warmup_sizes: dict[str, int] | None = None, variant_options: dict | None = None) -> dict:
+                 warmup_sizes: dict[str, int] | None = None, variant_options: SessionOptions | None = None) -> dict:
     """Triton's model configuration for ``sig`` as a dict (Triton's JSON form of ``ModelConfig``).
 
     ``max_batch`` is the Triton ``max_batch_size``; it becomes 0 (no batch dim) for models whose first dim
@@ -96,7 +94,7 @@ def model_config(sig: Signature, name: str, *, max_batch: int = DEFAULT_MAX_BATC
     """
     batch = max_batch if (sig.batchable and max_batch > 0) else 0
     options = session_options or {}
-    openvino = not gpu and (variant_options or {}).get("provider") == "openvino"
+    openvino = not gpu and is_openvino(variant_options)
     config: dict = {
         "name": name, "platform": "onnxruntime_onnx", "backend": "onnxruntime", "max_batch_size": batch,
         "version_policy": {"latest": {"num_versions": 1}},
@@ -106,15 +104,15 @@ def model_config(sig: Signature, name: str, *, max_batch: int = DEFAULT_MAX_BATC
     if openvino:  # Triton's OpenVINO backend reads model.onnx itself
         del config["platform"]
         config.update(backend="openvino", default_model_filename="model.onnx")
-    graph = gpu and _on((variant_options or {}).get("enable_cuda_graph"))
+    graph = gpu and variant_options is not None and bool(variant_options.enable_cuda_graph)
     if batch > 1 and not graph:
         preferred = [b for b in (2, 4, 8, 16, 32, 64, 128, 256) if b <= batch][-2:]
         config["dynamic_batching"] = {"preferred_batch_size": preferred, "max_queue_delay_microseconds": max_delay_us}
     config["instance_group"] = [{"count": instance_count, "kind": _Enum("KIND_GPU" if gpu else "KIND_CPU")}]
     params = {"intra_op_thread_count": options.get("threads") or 0,
               "inter_op_thread_count": options.get("inter_op_threads") or 0}
-    if openvino:
-        params = openvino_parameters(variant_options or {}, options.get("threads"))
+    if openvino and variant_options is not None:
+        params = openvino_parameters(variant_options, options.get("threads"))
     elif options.get("execution_mode"):
         params["execution_mode"] = 1 if options["execution_mode"] == "parallel" else 0
     config["parameters"] = {k: {"string_value": str(v)} for k, v in params.items()}
