@@ -35,10 +35,11 @@ def test_the_export_is_kept_unless_another_is_clearly_faster():
     assert choose_best([export, close, failed_fast], _speed) is export  # a failing variant is never chosen
 
 
-def test_without_a_passing_export_the_fastest_passing_one_and_none_when_nothing_passed():
+def test_without_a_passing_export_only_a_clearly_faster_one_and_none_when_nothing_passed():
     broken = Entry("export", False, 1.0)
-    slow, quick = Entry("slim", True, 1.01), Entry("ort", True, 1.02)
+    slow, quick = Entry("slim", True, 1.01), Entry("ort", True, 1.5)
     assert choose_best([broken, slow, quick], _speed) is quick
+    assert choose_best([broken, slow], _speed) is None  # not clearly faster than what was timed as the export
     assert choose_best([broken, Entry("int8", False, 3.0)], _speed) is None
     assert choose_best([], _speed) is None
 
@@ -55,7 +56,7 @@ def _copy(src: Path, dst: Path, ctx: object) -> BuildOutcome:
 
 def _pass(tmp_path: Path, build, judge=None) -> VariantPass:
     src = tmp_path / "model.onnx"
-    return VariantPass("v", src, build, judge or (lambda path, notes: ("judged", path.name, notes)),
+    return VariantPass("v", src, build, judge or (lambda made: ("judged", made.file.name, made.outcome.notes)),
                        lambda why: ("unmade", why.stage, why.why, why.reason))
 
 
@@ -70,7 +71,7 @@ def test_a_pass_builds_then_judges_the_file_it_wrote(tmp_path):
 
 def test_the_baseline_is_the_export_itself(tmp_path):
     (tmp_path / "model.onnx").write_bytes(b"x")
-    p = VariantPass("export", tmp_path / "model.onnx", None, lambda path, notes: (path.name, notes),
+    p = VariantPass("export", tmp_path / "model.onnx", None, lambda made: (made.file.name, made.outcome.notes),
                     lambda why: why, baseline_notes=("the proven export itself",))
     assert p() == ("model.onnx", ("the proven export itself",))
 
@@ -86,7 +87,7 @@ def test_each_stage_a_pass_stops_at_is_recorded(tmp_path):
     def crashes(src, dst, ctx):
         raise RuntimeError("boom")
 
-    def cannot_run(path, notes):
+    def cannot_run(made):
         raise ValueError("no kernel")
 
     src = tmp_path / "model.onnx"
@@ -101,7 +102,7 @@ def test_each_stage_a_pass_stops_at_is_recorded(tmp_path):
 def test_a_full_disk_stops_the_run(tmp_path):
     (tmp_path / "model.onnx").write_bytes(b"x")
 
-    def full(path, notes):
+    def full(made):
         raise OSError(28, "No space left on device")
 
     with pytest.raises(DiskFull):

@@ -131,7 +131,8 @@ def test_a_best_that_fails_the_case_left_to_it_is_not_chosen(tmp_path, monkeypat
         return replace(best, passed=False, reason="on the case(s) max: test")
 
     monkeypatch.setattr(choice, "clearly_faster", lambda s: True)  # whatever the timing, int8 is the candidate
-    monkeypatch.setattr(choice, "select_best", lambda vs: next((v for v in vs if v.name == "int8"), vs[0] if vs else None))
+    monkeypatch.setattr(choice, "choose_best",
+                        lambda vs, *a, **k: next((v for v in vs if v.name == "int8" and v.passed), vs[0] if vs else None))
     monkeypatch.setattr(choice, "_left_out_failure", fails)
     res = optimize.variants(text, tmp_path / "m" / "model.onnx", tmp_path / "o",
                             optimize.VariantOptions(names="auto", bench_batches=(1,), bench_seconds=0.2))

@@ -11,10 +11,10 @@ import numpy as np
 
 from onnxport.core.errors import UsageError, one_line
 from onnxport.core.greedy import GreedyRules
-from onnxport.core.records import Metric, Tolerance
+from onnxport.core.records import Tolerance
 from onnxport.optimize.gates import GATES
 from onnxport.optimize.passes import MIN_GAIN, choose_best
-from onnxport.optimize.result import SkipReason
+from onnxport.optimize.result import VariantRecord
 
 __all__ = ["DECODER_GATES", "MIN_GAIN", "CacheLayout", "CacheVariants", "DecoderExport", "DecoderOutcome", "DecoderProof",
            "DecoderVariant", "DecoderVariants", "GenerationCheck", "StepCase"]
@@ -199,7 +199,7 @@ def _round(x: float | None, digits: int = 4) -> float | None:
 
 
 @dataclass(frozen=True)
-class DecoderVariant:
+class DecoderVariant(VariantRecord):
     """One optimized file of a proven decoder, re-proven against PyTorch and timed. ``cosine``: the lowest logit
     cosine over the step cases; ``top1``: teacher-forced top-1 agreement (PyTorch's greedy tokens fed, the
     variant's argmax compared per step); ``greedy_steps``: its own greedy tokens equal to PyTorch's before the
@@ -220,8 +220,10 @@ class DecoderVariant:
     passed: bool = False
     error: str | None = None
     notes: tuple[str, ...] = ()  # how it was built, and the routes that matched nothing
-    skip_reason: SkipReason | None = None  # why it was not built (None: built, or its builder crashed)
-    metrics: tuple[Metric, ...] = ()  # the task metrics against their gates (the verdict's)
+
+    @property
+    def why(self) -> str | None:
+        return self.error
 
     def to_dict(self) -> dict:
         return {"name": self.name, "path": None if self.path is None else str(self.path),

@@ -441,7 +441,7 @@ def variant_pass(name: str, run: _Run) -> VariantPass[DecoderVariant]:
                                tolerance=run.tolerance, threads=run.threads, prompt=run.prompt)
     build = (None if name == BASELINE else functools.partial(
         build_into, registry.builder(DECODER, name), run.src, run.vdir / f"{name}.onnx", run.ctx))
-    return VariantPass(name, run.src, build, lambda path, notes: judged(path=path, notes=notes), _unmade,
+    return VariantPass(name, run.src, build, lambda made: judged(path=made.file, notes=made.outcome.notes), _unmade,
                        baseline_notes=("the proven export itself",))
 
 

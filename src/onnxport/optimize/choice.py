@@ -34,7 +34,17 @@ from onnxport.optimize.fusion import build_fused, transformer_params
 from onnxport.optimize.gpu import build_cuda_graph, build_tensorrt, build_tf32
 from onnxport.optimize.graph import build_ort, build_slim, file_facts, relative, short_error
 from onnxport.optimize.openvino import build_openvino, build_openvino_bf16, build_openvino_int8
-from onnxport.optimize.passes import Budget, build_into, clearly_faster, each_variant, install_best
+from onnxport.optimize.passes import (
+    Budget,
+    Built,
+    Unmade,
+    VariantPass,
+    build_into,
+    choose_best,
+    clearly_faster,
+    each_variant,
+    install_best,
+)
 from onnxport.optimize.plan import DEFAULT_BUDGET_S, Plan, default_plan
 from onnxport.optimize.precision import build_fp16
 from onnxport.optimize.registry import MODEL, builder, judge, register
@@ -228,13 +238,21 @@ def _timed(entries: Sequence[Variant], lat: Latencies, base: Latencies, key: str
     return final
 
 
+def _speedup(v: Variant) -> float | None:
+    """What the plain kind's best is chosen by: the geometric-mean speedup over the export across the batches
+    timed (recorded by :func:`_timed`); None for a variant not timed."""
+    found = v.details.get("geomean_speedup") if v.latency_ms else None
+    return None if found is None else float(found)
+
+
 def _confirm(final: list[Variant], timed: dict[str, Path], timing: _Timing,
              say: Progress) -> tuple[list[Variant], Variant | None]:
-    """The passing variant with the best geometric-mean speedup, confirmed against the export alone at every
-    batch timed (None when the confirmation does not back it), and ``final`` with the confirmed speedup and how
-    it was chosen in its details."""
-    best = select_best([v for v in final if v.passed])
-    if best is not None and best.name != BASELINE and clearly_faster(best.details.get("geomean_speedup")):
+    """Every kind's best-selection (:func:`~onnxport.optimize.passes.choose_best`: the passing variant with the
+    best geometric-mean speedup when clearly faster, else the export), a winner other than the export confirmed
+    against the export alone at every batch timed (the export again when the confirmation does not back it), and
+    ``final`` with the confirmed speedup and how it was chosen in its details."""
+    best = choose_best(final, _speedup, lambda v: v.bytes)
+    if best is not None and best.name != BASELINE:
         # the round-robin over every variant gives each few runs: confirm the winner against the export alone,
         # longer, before it replaces the export (a noisy machine otherwise picks a slower file)
         say(f"confirming {best.name} against the plain export")
@@ -249,9 +267,7 @@ def _confirm(final: list[Variant], timed: dict[str, Path], timing: _Timing,
                          f"{best.details.get('geomean_speedup')}x (confirmed alone: {confirmed}x)"})
         final = [best if v.name == best.name else v for v in final]
         if not clearly_faster(confirmed):
-            best = None
-    if best is None or best.name == BASELINE or not clearly_faster(best.details.get("geomean_speedup")):
-        best = final[0] if final[0].passed else None
+            best = final[0] if final[0].passed else None
     return final, best
 
 
@@ -302,23 +318,40 @@ def _opener(ctx: BuildContext, options: SessionOptions | None, out: Path):
 def _baseline(model_path: Path, out: Path, ctx: BuildContext) -> Variant:
     """The plain export, proven like every variant (no divergence: it was proven when exported)."""
     ctx.progress("proving the plain export (baseline)")
-    t0 = time.perf_counter()
-    proof = judge(MODEL)(ctx.loaded, BASELINE, model_path, ctx.refs, ctx.tolerance, ctx.samples,
-                         _opener(ctx, None, out))
-    return Variant(BASELINE, relative(model_path, out), prove_seconds=time.perf_counter() - t0,
-                   batch_invariant=_batch_invariance(ctx, BASELINE, model_path),
-                   session_options=SessionOptions.base(ctx.device),
-                   **file_facts(model_path), **replace(proof, divergence=None, divergence_error=None).variant_fields())
+
+    def proven(made: Built) -> Variant:
+        t0 = time.perf_counter()
+        proof = judge(MODEL)(ctx.loaded, BASELINE, model_path, ctx.refs, ctx.tolerance, ctx.samples,
+                             _opener(ctx, None, out))
+        return Variant(BASELINE, relative(model_path, out), prove_seconds=time.perf_counter() - t0,
+                       batch_invariant=_batch_invariance(ctx, BASELINE, model_path),
+                       session_options=SessionOptions.base(ctx.device),
+                       **file_facts(model_path), **replace(proof, divergence=None, divergence_error=None).variant_fields())
+
+    return VariantPass(BASELINE, model_path, None, proven, _unmade)()
+
+
+def _unmade(why: Unmade) -> Variant:
+    """The record of a plain variant its pass stopped: skipped (with its reason), its builder crashed, or its
+    file could not be judged."""
+    if why.stage == "call" and why.reason is not None:
+        return Variant.skip(why.name, why.why, why.reason, why.seconds)
+    doing = "proving failed" if why.stage == "ensures" else "building failed"
+    return Variant(why.name, None, False, reason=f"{doing}: {why.why}", build_seconds=why.seconds)
 
 
 def _variant(name: str, src: Path, dst: Path, out: Path, ctx: BuildContext) -> Variant:
-    """Build variant ``name`` into ``dst`` and prove it (a builder that crashes gives a failed variant)."""
+    """Variant ``name`` as a pass (:class:`~onnxport.optimize.passes.VariantPass`): built into ``dst`` by its
+    registered builder, then proven by the plain kind's judge under its policy (a builder that crashes gives a
+    failed variant)."""
     ctx.progress(f"variant {name}: building")
-    made = build_into(builder(MODEL, name), src, dst, ctx)
-    if made.skip is not None:
-        return Variant.skip(name, str(made.skip), made.skip.reason, made.seconds)
-    if made.outcome is None:
-        return Variant(name, None, False, reason=f"building failed: {made.error}", build_seconds=made.seconds)
+    build = functools.partial(build_into, builder(MODEL, name), src, dst, ctx)
+    return VariantPass(name, src, build, functools.partial(_proven, name, dst, out, ctx), _unmade)()
+
+
+def _proven(name: str, dst: Path, out: Path, ctx: BuildContext, made: Built) -> Variant:
+    """The plain kind's judge on a built variant: its proof (the builder's own, or :func:`policy.prove` under
+    its policy, on the session its options open), its batch invariance, its file's facts."""
     outcome, file = made.outcome, made.file
     ctx.progress(f"variant {name}: proving against PyTorch")
     t1 = time.perf_counter()

@@ -69,14 +69,14 @@ def fastest(entries: Sequence[E], speedup: Callable[[E], float | None],
 
 def choose_best(entries: Sequence[E], speedup: Callable[[E], float | None],
                 size: Callable[[E], int | None] = lambda e: None, baseline: str = "export") -> E | None:
-    """Every kind's best: the :func:`fastest` passing entry, unless the export (``baseline``) passed and that one
-    is not :func:`clearly_faster` (a smaller lead is timing noise, and the export is the file proven most
-    strictly); the export when nothing else passed; None when nothing passed at all."""
+    """Every kind's best: the :func:`fastest` passing entry when it is :func:`clearly_faster` than the export
+    (``baseline``), else the export when it passed (a smaller lead is timing noise, and the export is the file
+    proven most strictly), else None."""
     base = next((e for e in entries if e.name == baseline and e.passed), None)
     top = fastest(entries, speedup, size)
-    if top is None or (base is not None and top is not base and not clearly_faster(speedup(top))):
-        return base
-    return top
+    if top is not None and top.name != baseline and clearly_faster(speedup(top)):
+        return top
+    return base
 
 
 def install_best(path: Path, out: Path) -> Path:
@@ -190,13 +190,13 @@ class VariantPass(Generic[R]):
     """One variant as a pass, in the manner of onnx-ir's ``PassBase``: :meth:`requires` (the proven export it
     starts from exists), :meth:`call` (the kind's build: ``build()``, usually :func:`build_into`; None: the
     export itself, the baseline), :meth:`ensures` (the kind's judge re-proves the file against PyTorch:
-    ``judge(file, notes)``). Calling the pass runs the three and returns the kind's record: the judge's, or
+    ``judge(built)``, the :class:`Built` record). Calling the pass runs the three and returns the kind's record: the judge's, or
     ``unmade(Unmade)``'s for a variant stopped on the way (a full disk and the user's errors are raised)."""
 
     name: str
     src: Path
     build: Callable[[], Built] | None
-    judge: Callable[[Path, tuple[str, ...]], R]
+    judge: Callable[[Built], R]
     unmade: Callable[[Unmade], R]
     baseline_notes: tuple[str, ...] = ()
 
@@ -223,7 +223,7 @@ class VariantPass(Generic[R]):
         file = made.file or made.dst
         notes = made.outcome.notes if made.outcome is not None else ()
         try:
-            return self.judge(file, notes)
+            return self.judge(made)
         except (DiskFull, UsageError):
             raise
         except Exception as e:  # noqa: BLE001 - a variant failing is recorded, the others go on

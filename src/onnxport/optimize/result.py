@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import KW_ONLY, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from onnxport.core.records import BatchInvariance, Divergence, Tolerance, finite
+from onnxport.core.records import BatchInvariance, Divergence, Metric, Tolerance, finite
 from onnxport.optimize.gates import COSINE_MIN, TOP1_MIN
 from onnxport.optimize.registry import (
     ALL_VARIANTS,
@@ -26,7 +26,7 @@ from onnxport.runtime.openvino import OPENVINO
 from onnxport.runtime.variant_sessions import SessionOptions
 
 __all__ = ["ALL_VARIANTS", "AUTO", "BASELINE", "COSINE_MIN", "GPU_VARIANTS", "OPENVINO_VARIANTS", "ORT_LEVEL", "TOP1_MIN", "VARIANTS",
-           "Metric", "OptimizeResult", "Proof", "SampleJudgement", "SessionOptions", "SkipReason", "Variant",
+           "Metric", "OptimizeResult", "Proof", "SampleJudgement", "SessionOptions", "SkipReason", "Variant", "VariantRecord",
            "parse_names"]
 
 ORT_LEVEL = "extended"  # basic/extended graphs are portable; ORT_ENABLE_ALL layouts are hardware-specific
@@ -38,21 +38,6 @@ class SkipReason(str, enum.Enum):
     NOT_BUILT = "not-built"  # this machine cannot build or run it (a library or provider is missing)
     BUDGET = "budget"  # --budget was spent before it started
     NOT_PLANNED = "not-planned"  # the default plan leaves it out: it cannot win for this model here
-
-
-@dataclass(frozen=True)
-class Metric:
-    """A task metric and its threshold."""
-
-    name: str
-    value: float | None
-    threshold: float
-    passed: bool
-
-    def to_dict(self) -> dict:
-        """The report form (value rounded to 6 places)."""
-        return {"name": self.name, "value": None if self.value is None else round(float(self.value), 6),
-                "threshold": self.threshold, "passed": self.passed}
 
 
 @dataclass(frozen=True)
@@ -101,12 +86,34 @@ class Proof:
 
 
 @dataclass(frozen=True)
-class Variant:
-    """One optimized file (or the plain export as baseline) and what proving and timing it found.
-
-    ``details`` is the builder's free-form report detail (what it tried, the int8 search...), written as is."""
+class VariantRecord:
+    """What every model kind's variant is, the one result type the variant loop (:mod:`onnxport.optimize.passes`),
+    the best-selection and the report read: its name, its file and, keyword-only, its task metrics against
+    their gates and why it was not built. Each kind adds ``passed``, its own facts (the plain model's latency
+    per batch, a decoder's decode tokens/s) and its report form (``to_dict``): :class:`Variant` for the plain
+    model, :class:`onnxport.decoder.records.DecoderVariant` for the decoder and encoder-decoder kinds."""
 
     name: str
+    path: Path | str | None
+    _: KW_ONLY
+    metrics: tuple[Metric, ...] = ()
+    skip_reason: SkipReason | None = None
+
+    @property
+    def why(self) -> str | None:
+        """Why it failed or was not built, in words (None: it passed)."""
+        raise NotImplementedError
+
+    def metric_named(self, name: str) -> Metric | None:
+        """The task metric called ``name`` (None: not measured)."""
+        return next((m for m in self.metrics if m.name == name), None)
+
+
+@dataclass(frozen=True)
+class Variant(VariantRecord):
+    """One optimized file of a plain model (or the export itself as baseline) and what proving and timing it
+    found. ``details`` is the builder's free-form report detail (what it tried, the int8 search...), written as is."""
+
     path: str | None  # relative to OUT when inside it
     passed: bool
     reason: str | None = None
@@ -115,7 +122,6 @@ class Variant:
     bytes: int | None = None
     max_abs_err: float | None = None
     metric: Metric | None = None
-    metrics: tuple[Metric, ...] = ()
     latency_ms: dict[str, float] = field(default_factory=dict)
     speedup: float | None = None
     build_seconds: float = 0.0
@@ -126,13 +132,16 @@ class Variant:
     batch_invariant: BatchInvariance | None = None  # prove.batching: each row alone == inside a batch
     samples: SampleJudgement | None = None  # judged on the user's --samples too (metrics, failing samples)
     session_options: SessionOptions | None = None  # how the file must be run (optimize/gpu.py, optimize/openvino.py)
-    skip_reason: SkipReason | None = None
     divergence_error: str | None = None  # localizing the divergence failed (report ``divergence.error``)
 
     @classmethod
     def skip(cls, name: str, why: str, reason: SkipReason, build_seconds: float = 0.0) -> Variant:
         """A variant not built, with why in words and as a :class:`SkipReason`."""
         return cls(name, None, False, reason=why, skipped=why, skip_reason=reason, build_seconds=build_seconds)
+
+    @property
+    def why(self) -> str | None:
+        return self.reason
 
     @property
     def backend(self) -> str:

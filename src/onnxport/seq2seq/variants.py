@@ -186,7 +186,7 @@ def variant_pass(name: str, proven: Path, folder: Path, judged) -> VariantPass[D
     """Variant ``name`` of the three files as a pass: built into ``folder`` (the proven files themselves for the
     baseline), judged by the encoder-decoder kind's judge (``judged(name, folder, notes=...)``)."""
     build = None if name == BASELINE else functools.partial(_build_three, name, proven, folder)
-    return VariantPass(name, proven, build, lambda path, notes: judged(name, path, notes=notes), _unmade)
+    return VariantPass(name, proven, build, lambda made: judged(name, made.file, notes=made.outcome.notes), _unmade)
 
 
 def optimize_seq2seq(model: nn.Module, layout: Seq2SeqLayout, proven: Path, out: Path, *,
