@@ -20,6 +20,17 @@ MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
 # Functions allowed to be longer, each with its reason (docs/architecture.md, "Exceptions").
 LONG_FUNCTIONS: dict[str, str] = {}
+MAX_PARAMETERS = 10  # positional + keyword-only, self/cls not counted: more is a record's job
+# Functions allowed more parameters, each with its reason (docs/architecture.md, "Exceptions"). The click
+# commands of onnxport.cli are exempt by rule (PARAMETER_EXEMPT_PACKAGES): their parameters are the CLI's options.
+PACKED_OP = "its parameters mirror the packed-RNN custom op's inputs and attributes"
+MANY_PARAMETERS: dict[str, str] = {
+    "onnxport.exporters.packed.rnn_layer": f"the torch.library custom op itself: {PACKED_OP}",
+    "onnxport.exporters.packed._": f"rnn_layer's registered fake (register_fake): {PACKED_OP}",
+    "onnxport.exporters.packed.rnn_layer_onnx": f"the op's onnxscript translation (dynamo): {PACKED_OP}",
+    "onnxport.exporters.packed.torchscript_symbolic": f"the op's TorchScript symbolic (graph first): {PACKED_OP}",
+}
+PARAMETER_EXEMPT_PACKAGES = {"onnxport.cli": "click commands: one parameter per command-line option"}
 
 
 def _lint_imports(pythonpath: Path) -> subprocess.CompletedProcess:
@@ -116,3 +127,48 @@ def test_module_and_function_sizes(name, path):
             if size > MAX_FUNCTION_LINES and f"{name}.{node.name}" not in LONG_FUNCTIONS:
                 long.append(f"{node.name} ({size} lines)")
     assert not long, f"{name}: functions over {MAX_FUNCTION_LINES} lines: {', '.join(long)}"
+
+
+def _parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Positional (positional-only included) and keyword-only parameters, a leading self/cls not counted."""
+    a = node.args
+    names = [p.arg for p in a.posonlyargs + a.args]
+    if names and names[0] in ("self", "cls"):
+        names = names[1:]
+    return len(names) + len(a.kwonlyargs)
+
+
+def _too_many_parameters(name: str, tree: ast.AST) -> list[str]:
+    """The functions of module ``name`` over MAX_PARAMETERS parameters that no exemption covers."""
+    if any(name == pkg or name.startswith(pkg + ".") for pkg in PARAMETER_EXEMPT_PACKAGES):
+        return []
+    return [f"{node.name} ({n} parameters)" for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and (n := _parameters(node)) > MAX_PARAMETERS and f"{name}.{node.name}" not in MANY_PARAMETERS]
+
+
+@pytest.mark.parametrize("name,path", list(_modules()), ids=lambda x: x if isinstance(x, str) else "")
+def test_function_parameter_counts(name, path):
+    many = _too_many_parameters(name, ast.parse(path.read_text()))
+    assert not many, f"{name}: functions over {MAX_PARAMETERS} parameters (bundle them in a record): {', '.join(many)}"
+
+
+def test_parameter_exemptions_are_still_needed():
+    """Each MANY_PARAMETERS entry names a function that exists and still has over MAX_PARAMETERS parameters."""
+    counts = {}
+    for name, path in _modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                counts[f"{name}.{node.name}"] = max(counts.get(f"{name}.{node.name}", 0), _parameters(node))
+    stale = [k for k in MANY_PARAMETERS if counts.get(k, 0) <= MAX_PARAMETERS]
+    assert not stale, f"exemptions no longer needed: {stale}"
+
+
+def test_the_parameter_check_finds_a_long_signature():
+    snippet = ast.parse(
+        "def wide(a, b, c, d, e, f, g, h, i, /, j, *, k=1):\n    pass\n"
+        "def ten(self, a, b, c, d, e, f, g, h, i, *args, j=0, **kw):\n    pass\n"
+        "class C:\n    def method(cls, a, b, c, d, e, f, g, h, i, j, k):\n        pass\n"
+    )
+    assert _too_many_parameters("onnxport.somewhere", snippet) == ["wide (11 parameters)", "method (11 parameters)"]
+    assert _too_many_parameters("onnxport.cli.commands", snippet) == []

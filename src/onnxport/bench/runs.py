@@ -291,8 +291,8 @@ def _bench_all(loaded: LoadedModel, backends: list[Backend], sizes_list: list[tu
                 work = count.total or None
                 if count.unknown:
                     notes.append(f"{label}: {len(count.unknown)} node(s) with unknown shapes not counted in FLOPs")
-            rows += _bench_one(opened, spec_feeds(loaded.inputs, sizes), batch, seq, shapes, work, peak_info,
-                               timing, notes, label, say)
+            size = _Size(batch, seq, label, spec_feeds(loaded.inputs, sizes), shapes, work)
+            rows += _bench_one(opened, size, peak_info, timing, notes, say)
     finally:
         for b in opened:
             b.close()
@@ -314,10 +314,23 @@ def _warm(backends: list[Backend], feeds: dict[str, np.ndarray], warmup: int, no
     return live, outputs
 
 
-def _bench_one(backends: list[Backend], feeds: dict[str, np.ndarray], batch: int, seq: int | None,
-               shapes: dict[str, list[int]], work: int | None, peak_info: dict | None, timing: _Timing,
-               notes: list[str], label: str, say: Progress) -> list[Run]:
+@dataclass(frozen=True)
+class _Size:
+    """One input size to time: batch and seq, its label in notes and progress, the feeds, the input shapes and
+    the reference graph's FLOPs at them (None: no reference file, or none counted)."""
+
+    batch: int
+    seq: int | None
+    label: str
+    feeds: dict[str, np.ndarray]
+    shapes: dict[str, list[int]]
+    work: int | None
+
+
+def _bench_one(backends: list[Backend], size: _Size, peak_info: dict | None, timing: _Timing, notes: list[str],
+               say: Progress) -> list[Run]:
     """Warm up and time ``backends`` at one size: one Run each, speedups against PyTorch eager."""
+    batch, seq, label, feeds, shapes, work = size.batch, size.seq, size.label, size.feeds, size.shapes, size.work
     say(f"{label}: warming up {', '.join(b.name for b in backends)}")
     live, outputs = _warm(backends, feeds, timing.warmup, notes, label)
     if not live:

@@ -31,7 +31,14 @@ from onnxport.optimize.graph import matmul_weights
 from onnxport.optimize.policy import metric_margin, prove, task_metrics
 from onnxport.optimize.quantize import calibration
 from onnxport.optimize.result import Proof
-from onnxport.optimize.sensitivity import MAX_ROUNDS, failing_cases, int8_search, qdq_switch_model, worst_rows
+from onnxport.optimize.sensitivity import (
+    MAX_ROUNDS,
+    SearchOptions,
+    failing_cases,
+    int8_search,
+    qdq_switch_model,
+    worst_rows,
+)
 from onnxport.runtime.feeds import FeedMap
 from onnxport.runtime.sessions import session
 from onnxport.sources.base import LoadedModel
@@ -163,9 +170,10 @@ def quantize_searched(src: Path, dst: Path, ctx: BuildContext, opener) -> tuple[
             rounds += 1
             ctx.progress(f"variant openvino-int8: searching which nodes to leave out of int8 (round {rounds}, "
                          f"{len(failing)} case(s))")
-            found = int8_search(loaded, plain, worst_rows(loaded, judged, failing, opener(dst)), start=kept,
-                                min_steps=int(rounds > 1), budget_s=ctx.seconds_left(SEARCH_S), rewrite=qdq_switch_model,
-                                opt_level="basic")
+            found = int8_search(loaded, plain, worst_rows(loaded, judged, failing, opener(dst)),
+                                SearchOptions(start=kept, min_steps=int(rounds > 1),
+                                              budget_s=ctx.seconds_left(SEARCH_S), rewrite=qdq_switch_model,
+                                              opt_level="basic"))
             evaluations += found.evaluations
             of = found.candidates
             if found.kept == kept:

@@ -171,34 +171,53 @@ class Int8Search:
     seconds: float
 
 
-def int8_search(loaded: LoadedModel, src: Path, sub: Refs, *, start: Sequence[str] = (), target: float = 0.004,
-                max_kept: int | None = None, budget_s: float = 60.0, min_steps: int = 0,
-                reduce_range: bool = False, rewrite: Rewrite | None = None, opt_level: str = "all") -> Int8Search:
+@dataclass(frozen=True)
+class SearchOptions:
+    """How :func:`int8_search` searches.
+
+    ``start``: nodes already kept in fp32 (an earlier round's); ``target``: the margin the metric must clear
+    its threshold by; ``max_kept``: at most this many nodes kept (default: half the candidates);
+    ``budget_s``: seconds before the search stops; ``min_steps``: nodes added even when the metric already
+    passes; ``reduce_range``: simulate 7-bit weights; ``rewrite``: how the file becomes the switch model
+    (default: :func:`switch_model` on :func:`~onnxport.optimize.quantize.quant_candidates`, simulated dynamic
+    int8; :func:`qdq_switch_model` for a static QDQ file); ``opt_level``: onnxruntime's graph optimizations on
+    the switch model ("basic" for a QDQ file: onnxruntime's later QDQ rewrites reject NNCF's opset-23 QDQ nodes).
+    """
+
+    start: Sequence[str] = ()
+    target: float = 0.004
+    max_kept: int | None = None
+    budget_s: float = 60.0
+    min_steps: int = 0
+    reduce_range: bool = False
+    rewrite: Rewrite | None = None
+    opt_level: str = "all"
+
+
+def int8_search(loaded: LoadedModel, src: Path, sub: Refs, options: SearchOptions = SearchOptions()) -> Int8Search:
     """Keep in fp32, one at a time, the node whose fp32 restores the task metric most (greedy forward
-    selection), until the metric on the cases ``sub`` clears its threshold by ``target``.
+    selection), until the metric on the cases ``sub`` clears its threshold by ``options.target``.
 
     Each question is one run of the switch model (int8 for every node not kept), so the search costs
     candidates x steps short runs instead of that many quantizations; the caller re-proves the real quantized
-    file against PyTorch on the whole matrix. ``rewrite``: how ``src`` becomes the switch model (default:
-    :func:`switch_model` on :func:`~onnxport.optimize.quantize.quant_candidates`, simulated dynamic int8;
-    :func:`qdq_switch_model` for a static QDQ file); ``opt_level``: onnxruntime's graph optimizations on the
-    switch model ("basic" for a QDQ file: onnxruntime's later QDQ rewrites reject NNCF's opset-23 QDQ nodes).
+    file against PyTorch on the whole matrix.
     """
+    o = options
     t0 = time.perf_counter()
     model = onnx.load(str(src))
-    if rewrite is None:
+    if o.rewrite is None:
         cands = quant_candidates(model)
         names = [n.name for n in cands]
-        switches = switch_model(model, cands, reduce_range)
+        switches = switch_model(model, cands, o.reduce_range)
     else:
-        names, switches = rewrite(model)
+        names, switches = o.rewrite(model)
     by_name = dict(zip(names, switches))
     with tempfile.TemporaryDirectory(prefix="onnxport-int8-") as tmp:
         p = Path(tmp) / "switch.onnx"
         save(model, p)
-        sw = SwitchedSession(session(p, opt_level=opt_level), switches)
-    kept = [n for n in start if n in by_name]
-    limit = max_kept if max_kept is not None else max(1, len(names) // 2)
+        sw = SwitchedSession(session(p, opt_level=o.opt_level), switches)
+    kept = [n for n in o.start if n in by_name]
+    limit = o.max_kept if o.max_kept is not None else max(1, len(names) // 2)
     evals = 0
 
     def score(fp32: Sequence[str]) -> float:
@@ -210,8 +229,8 @@ def int8_search(loaded: LoadedModel, src: Path, sub: Refs, *, start: Sequence[st
     current = score(kept)
     steps = 0
     pool = list(names)
-    while ((current < target or steps < min_steps) and len(kept) < limit
-           and time.perf_counter() - t0 < budget_s):
+    while ((current < o.target or steps < o.min_steps) and len(kept) < limit
+           and time.perf_counter() - t0 < o.budget_s):
         steps += 1
         trials = [(score([*kept, n]), n) for n in pool if n not in kept]
         if not trials:
@@ -289,8 +308,9 @@ def _search_rounds(name: str, src: Path, dst: Path, ctx: BuildContext, refs: Ref
                      f"{len(failing)} case(s))")
         # after round 1 the simulation said "passes" where the real kernels did not: one more node at least
         left = ctx.seconds_left(60.0)
-        search = int8_search(loaded, src, worst_rows(loaded, refs, failing, session(dst)), start=kept,
-                             min_steps=int(rounds > 1), reduce_range=details["reduce_range"], budget_s=left)
+        search = int8_search(loaded, src, worst_rows(loaded, refs, failing, session(dst)),
+                             SearchOptions(start=kept, min_steps=int(rounds > 1),
+                                           reduce_range=details["reduce_range"], budget_s=left))
         evaluations += search.evaluations
         if search.kept == kept:
             break

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,10 +25,25 @@ from onnxport.sources.base import (
 )
 
 
+@dataclass(frozen=True)
+class Finishing:
+    """What a source knows beyond its inputs and declared dims, for ``finish``.
+
+    ``defaults``: the dim ranges it infers (a --dim overrides them); ``diagnostics``: notes from loading;
+    ``extra``: copied into ``LoadedModel.extra``; ``ranges``: value ranges of integer inputs by name (else
+    read from the model's embeddings); ``built_here``: onnxport constructed the model (a class, a
+    torchvision/timm name), so its train mode at start is only noted, not warned about.
+    """
+
+    defaults: dict[str, Dim] | None = None
+    diagnostics: tuple[Diagnostic, ...] = ()
+    extra: dict[str, Any] | None = None
+    ranges: dict[str, tuple[int, int]] | None = None
+    built_here: bool = False
+
+
 def finish(source: str, name: str, kind: str, model: nn.Module, specs: list[InputSpec], declared: list[Dim],
-           defaults: dict[str, Dim] | None = None, diagnostics: tuple[Diagnostic, ...] = (),
-           extra: dict[str, Any] | None = None, ranges: dict[str, tuple[int, int]] | None = None,
-           built_here: bool = False) -> LoadedModel:
+           more: Finishing = Finishing()) -> LoadedModel:
     """Common tail of every source: eval mode, value ranges, dims, wrapper, output names."""
     if not specs:
         raise UsageError(
@@ -37,15 +53,15 @@ def finish(source: str, name: str, kind: str, model: nn.Module, specs: list[Inpu
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise UsageError("two --input entries share a name", "give every input a distinct NAME")
-    diags = tuple(diagnostics) + to_eval(model, name, built_here)
-    ranges = ranges or {}
+    diags = tuple(more.diagnostics) + to_eval(model, name, more.built_here)
+    ranges = more.ranges or {}
     fixed: list[InputSpec] = []
     for s in specs:
         if s.value_range is None and s.dtype != "bool" and not s.dtype.startswith("float") and s.dtype != "bfloat16":
             s = InputSpec(s.name, s.dtype, s.shape, ranges.get(s.name) or integer_range(model, s))
         fixed.append(s)
     spec_t = tuple(fixed)
-    resolved = merge_dims(list(spec_t), declared, defaults)
+    resolved = merge_dims(list(spec_t), declared, more.defaults)
     flat = make_flat(model, spec_t)
     example = make_inputs(spec_t, export_sizes(resolved), seed=0)
     try:
@@ -65,7 +81,7 @@ def finish(source: str, name: str, kind: str, model: nn.Module, specs: list[Inpu
     _preflight(flat, spec_t, resolved)
     return LoadedModel(
         source=source, name=name, kind=kind, model=model, flat=flat, inputs=spec_t, dims=resolved,
-        output_names=outs, parameters=count_parameters(model), diagnostics=diags, extra=dict(extra or {}),
+        output_names=outs, parameters=count_parameters(model), diagnostics=diags, extra=dict(more.extra or {}),
     )
 
 

@@ -13,7 +13,7 @@ from onnxport.core.errors import SourceError, missing_dependency, one_line
 from onnxport.core.samples import make_inputs
 from onnxport.core.spec import Dim, InputSpec
 from onnxport.sources.base import LoadedModel
-from onnxport.sources.finish import declared_or, finish
+from onnxport.sources.finish import Finishing, declared_or, finish
 
 TASKS = {
     "feature-extraction": "AutoModel",
@@ -70,8 +70,9 @@ def load_hf(source: str, inputs: list[InputSpec], dims: list[Dim], *, task: str 
     names = _input_names(transformers, path, model)
     specs, ranges, defaults = _specs(config, names, path, tokens=_position_limit(model))
     arch = type(model).__name__
-    return finish(source, arch, "hf", model, declared_or(inputs, specs), dims, defaults, ranges=ranges,
-                  extra={"model_type": getattr(config, "model_type", None), "architecture": arch})
+    return finish(source, arch, "hf", model, declared_or(inputs, specs), dims,
+                  Finishing(defaults=defaults, ranges=ranges,
+                            extra={"model_type": getattr(config, "model_type", None), "architecture": arch}))
 
 
 def _model_class(transformers, config, task: str | None):

@@ -16,7 +16,7 @@ from torch import nn
 from onnxport.core.errors import SourceError, UsageError
 from onnxport.core.spec import Dim, InputSpec
 from onnxport.sources.base import LoadedModel, load_weights
-from onnxport.sources.finish import ensure_module, finish
+from onnxport.sources.finish import Finishing, ensure_module, finish
 
 
 def load_python(source: str, inputs: list[InputSpec], dims: list[Dim], model_args: dict[str, Any],
@@ -52,8 +52,8 @@ def load_python(source: str, inputs: list[InputSpec], dims: list[Dim], model_arg
     model = ensure_module(model, f"{left}:{attr}")
     if weights:
         load_weights(model, weights)
-    return finish(source, attr, "python", model, inputs, dims, spatial_defaults(model, inputs),
-                  built_here=inspect.isclass(target))
+    return finish(source, attr, "python", model, inputs, dims,
+                  Finishing(defaults=spatial_defaults(model, inputs), built_here=inspect.isclass(target)))
 
 
 # --------------------------------------------------------------------------- default sizes

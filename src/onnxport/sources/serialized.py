@@ -9,7 +9,7 @@ import torch
 from onnxport.core.errors import SourceError
 from onnxport.core.spec import Dim, InputSpec, normalize_dtype
 from onnxport.sources.base import LoadedModel
-from onnxport.sources.finish import declared_or, finish
+from onnxport.sources.finish import Finishing, declared_or, finish
 
 _UNBOUNDED = 4096
 
@@ -52,8 +52,8 @@ def load_exported_program(source: str, inputs: list[InputSpec], dims: list[Dim])
                           "save it with torch.export.save(torch.export.export(model, args), path)") from None
     specs, defaults = _ep_inputs(ep)
     model = ep.module()
-    return finish(source, path.stem, "exported_program", model, declared_or(inputs, specs), dims, defaults,
-                  extra={"exported_program": ep})
+    return finish(source, path.stem, "exported_program", model, declared_or(inputs, specs), dims,
+                  Finishing(defaults=defaults, extra={"exported_program": ep}))
 
 
 def _ep_inputs(ep) -> tuple[list[InputSpec], dict[str, Dim]]:

@@ -9,7 +9,7 @@ from torch import nn
 from onnxport.core.errors import SourceError, missing_dependency
 from onnxport.core.spec import Dim, InputSpec
 from onnxport.sources.base import LoadedModel
-from onnxport.sources.finish import declared_or, finish
+from onnxport.sources.finish import Finishing, declared_or, finish
 
 IMAGE_DIMS = {
     "batch": Dim("batch", 1, 16, 2),
@@ -53,7 +53,7 @@ def load_torchvision(source: str, inputs: list[InputSpec], dims: list[Dim]) -> L
     if not inputs and name in torchvision.models.list_models(module=torchvision.models.detection):
         # a detector takes a list of images, and a trace unrolls its loop over them: one image per run
         specs = [InputSpec("image", "float32", (1, 3, "height", "width"))]
-    return finish(source, name, "torchvision", model, specs, dims, defaults, built_here=True)
+    return finish(source, name, "torchvision", model, specs, dims, Finishing(defaults=defaults, built_here=True))
 
 
 def load_timm(source: str, inputs: list[InputSpec], dims: list[Dim]) -> LoadedModel:
@@ -73,4 +73,4 @@ def load_timm(source: str, inputs: list[InputSpec], dims: list[Dim]) -> LoadedMo
     defaults["height"] = Dim("height", 32, max(512, h), h)
     defaults["width"] = Dim("width", 32, max(512, w), w + 16)
     specs = declared_or(inputs, _image_inputs(channels, (h, w) if fixed else None))
-    return finish(source, name, "timm", model, specs, dims, defaults, built_here=True)
+    return finish(source, name, "timm", model, specs, dims, Finishing(defaults=defaults, built_here=True))
