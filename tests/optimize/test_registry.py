@@ -99,3 +99,14 @@ def test_each_variant_records_the_plan_and_the_budget():
 def test_the_export_is_kept_unless_clearly_beaten():
     assert not passes.clearly_faster(None) and not passes.clearly_faster(1.04)
     assert passes.clearly_faster(passes.MIN_GAIN)
+
+
+def test_one_reading_of_the_names_for_every_kind():
+    """``chosen``: the names besides the export in the kind's order; None none, "all"/"auto" the defaults."""
+    from onnxport.optimize.registry import DECODER, SEQ2SEQ, chosen
+
+    assert chosen(None, SEQ2SEQ) == () and chosen("auto", SEQ2SEQ) == chosen("all", SEQ2SEQ) == ("fused", "int8")
+    assert chosen(["int8", "export", "fused"], SEQ2SEQ) == ("fused", "int8")  # the kind's order, the baseline left out
+    assert chosen("int4,fused", DECODER) == ("fused", "int4")
+    with pytest.raises(UsageError, match=r"unknown encoder-decoder variant 'int4' \(--variants int4\)"):
+        chosen(["int4"], SEQ2SEQ)

@@ -446,15 +446,9 @@ def variant_pass(name: str, run: _Run) -> VariantPass[DecoderVariant]:
 
 
 def variant_names(names: Sequence[str] | str | None) -> tuple[str, ...]:
-    """The variants to make, ``export`` (the baseline) always first (None, "all", "auto": every one); an unknown
-    name is a UsageError (:func:`onnxport.optimize.registry.parse_names` for the decoder kind)."""
-    if names is None or names in ("all", "auto", ["all"], ["auto"]):
-        wanted: Sequence[str] = DECODER_VARIANTS
-    else:
-        items = names.split(",") if isinstance(names, str) else list(names)
-        rest = [n.strip() for n in items if n.strip() and n.strip() != BASELINE]
-        wanted = registry.parse_names(rest, DECODER) if rest else []
-    return (BASELINE, *(n for n in DECODER_VARIANTS if n in wanted))
+    """The variants to make, ``export`` (the baseline) always first (None, "all", "auto": every one of the
+    decoder kind; :func:`onnxport.optimize.registry.chosen`, a UsageError for a name the kind lacks)."""
+    return (BASELINE, *registry.chosen("all" if names is None else names, DECODER))
 
 
 def optimize_decoder(model: nn.Module, layout: CacheLayout, proven_path: str | Path, out_dir: str | Path, *,

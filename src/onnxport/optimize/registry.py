@@ -109,6 +109,21 @@ def parse_names(names: Sequence[str] | str | None, kind_name: str = MODEL) -> li
     unknown = [n for n in out if n not in k.names]
     if unknown:
         more = f" (and {', '.join(unknown[1:])})" if len(unknown) > 1 else ""
-        raise UsageError(f"unknown {k.label}variant '{unknown[0]}'{more}",
+        raise UsageError(f"unknown {k.label}variant '{unknown[0]}'{more} (--variants {','.join(unknown)})",
                          f"choose from {', '.join(k.names)}, or 'all', or 'auto'")
     return list(dict.fromkeys(out))
+
+
+def chosen(names: Sequence[str] | str | None, kind_name: str) -> tuple[str, ...]:
+    """The variants of ``kind_name`` a run builds besides the export, in the kind's build order: None: none;
+    "all" or "auto": the kind's defaults (the plain model's plan, which "auto" means there, is
+    :mod:`onnxport.optimize.plan`'s); the export named among them is left out (every kind's baseline, judged
+    first whatever is asked). A name the kind does not declare is a UsageError (:func:`parse_names`)."""
+    if names is None:
+        return ()
+    if names in (AUTO, [AUTO]):
+        names = "all"
+    items = names.split(",") if isinstance(names, str) else list(names)
+    rest = [n.strip() for n in items if n.strip() and n.strip() != BASELINE]
+    wanted = parse_names(rest, kind_name) if rest else []
+    return tuple(n for n in KINDS[kind_name].names if n in wanted)

@@ -2,6 +2,7 @@
 Optimum's layout (``encoder_model.onnx``, ``decoder_model.onnx``, ``decoder_with_past_model.onnx``), proven step
 by step and by greedy generation against ``model.generate``."""
 
+from onnxport.optimize.registry import SEQ2SEQ_VARIANTS
 from onnxport.seq2seq.export import export_seq2seq
 from onnxport.seq2seq.flow import MAX_LENGTH, MAX_SOURCE, SEQ2SEQ_TASKS, load, run, run_model, wants_seq2seq
 from onnxport.seq2seq.generation import Sessions, generate_greedy, open_sessions, stream_greedy
@@ -17,7 +18,7 @@ from onnxport.seq2seq.records import (
     Seq2SeqProof,
 )
 from onnxport.seq2seq.stage import checked, stage
-from onnxport.seq2seq.variants import SEQ2SEQ_VARIANTS, optimize_seq2seq
+from onnxport.seq2seq.variants import optimize_seq2seq
 
 __all__ = [
     "FILES",

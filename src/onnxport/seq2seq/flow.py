@@ -15,12 +15,13 @@ from onnxport.core.records import FP32, Tolerance
 from onnxport.core.spec import InputSpec
 from onnxport.decoder.exportable import upcast
 from onnxport.decoder.records import CacheVariants
+from onnxport.optimize.registry import SEQ2SEQ, chosen
 from onnxport.seq2seq.export import export_seq2seq
 from onnxport.seq2seq.generation import open_sessions
 from onnxport.seq2seq.layout import NO_CACHE_HINT, is_seq2seq, seq2seq_layout
 from onnxport.seq2seq.prove import NEW_TOKENS, prove_seq2seq
 from onnxport.seq2seq.records import FILES, Seq2SeqOutcome, final_name
-from onnxport.seq2seq.variants import optimize_seq2seq, variant_names
+from onnxport.seq2seq.variants import optimize_seq2seq
 from onnxport.sources.base import LoadedModel, count_parameters
 
 MAX_LENGTH = 128  # decoder tokens the self-attention cache holds
@@ -81,7 +82,7 @@ def run_model(model: nn.Module, out: str | Path, *, max_length: int = MAX_LENGTH
     variants in ``out/variants/<name>/`` (:func:`~onnxport.seq2seq.variants.optimize_seq2seq`, with the
     record's budget and threads)."""
     variants = variants or CacheVariants()
-    names = variant_names(variants.names)  # an unknown name fails before the (slow) export
+    names = chosen(variants.names, SEQ2SEQ)  # an unknown name fails before the (slow) export
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.eval()

@@ -13,12 +13,12 @@ from onnxport.decoder.applies import bench_label
 from onnxport.decoder.records import CacheVariants, DecoderVariants
 from onnxport.decoder.stage import export_notes
 from onnxport.families import Run
+from onnxport.optimize.registry import SEQ2SEQ, chosen
 from onnxport.seq2seq.flow import MAX_LENGTH, run_model
 from onnxport.seq2seq.layout import fitted_max_length
 from onnxport.seq2seq.outcome import to_outcome
 from onnxport.seq2seq.prove import NEW_TOKENS
 from onnxport.seq2seq.records import FEATURE_EXTRACTOR_FILE
-from onnxport.seq2seq.variants import variant_names
 
 
 def variants_info(made: DecoderVariants) -> Diagnostic:
@@ -50,7 +50,7 @@ def checked(options: Options) -> Options:
     remote code, custom-op libraries, the variants, --budget, --threads); each other one is a UsageError naming
     why."""
     load, ex, proof, opt = options.load, options.export, options.proof, options.optimize
-    variant_names(opt.variants)  # an unknown name is a UsageError before the load
+    chosen(opt.variants, SEQ2SEQ)  # an unknown name is a UsageError before the load
     bench = bench_label(options.bench, None)
     refused = [("--dim", bool(load.dims), "its lengths are set by --max-length and the model's positions"),
                ("--compare", bool(load.compare), "its proof compares logits and the caches, then generation"),

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from onnxport.bench import best_of
-from onnxport.core.errors import DiskFull, UsageError, disk_full, one_line
+from onnxport.core.errors import DiskFull, disk_full, one_line
 from onnxport.core.greedy import PLAIN
 from onnxport.core.logs import Progress, noop
 from onnxport.core.onnxfile import copy_model, file_bytes
@@ -29,7 +29,7 @@ from onnxport.optimize import registry
 from onnxport.optimize.context import BuildOutcome
 from onnxport.optimize.gates import GATES
 from onnxport.optimize.passes import Budget, Built, Unmade, VariantPass, build_into, each_variant
-from onnxport.optimize.registry import AUTO, BASELINE, SEQ2SEQ, SEQ2SEQ_VARIANTS, register, register_judge
+from onnxport.optimize.registry import BASELINE, SEQ2SEQ, register, register_judge
 from onnxport.optimize.result import SkipReason
 from onnxport.prove.judging import Policy, RunResults, compare_accuracy, run_cases, token_agreement, verdict
 from onnxport.seq2seq.feeds import decoder_ids, encoder_inputs, first_inputs, random_cache, with_past_inputs
@@ -42,23 +42,6 @@ JUDGE_TOKENS = 16
 SPEED_SOURCE = 16
 SPEED_TOKENS = 16
 REPEATS = 3
-
-
-def variant_names(names: Sequence[str] | str | None) -> tuple[str, ...]:
-    """The variants asked for (None: none; "auto"/"all": every one of the encoder-decoder kind); an unknown
-    name is a UsageError (:func:`onnxport.optimize.registry.parse_names`)."""
-    if names is None:
-        return ()
-    if names in (AUTO, [AUTO]):
-        names = "all"
-    items = names.split(",") if isinstance(names, str) else list(names)
-    rest = [n.strip() for n in items if n.strip() and n.strip() != BASELINE]
-    unknown = [n for n in rest if n not in registry.kind(SEQ2SEQ).names and n != "all"]
-    if unknown:
-        raise UsageError(f"--variants {','.join(unknown)}: no such encoder-decoder variant",
-                         f"use auto, all or any of {', '.join(SEQ2SEQ_VARIANTS)}")
-    wanted = registry.parse_names(rest, SEQ2SEQ) if rest else []
-    return tuple(n for n in SEQ2SEQ_VARIANTS if n in wanted)
 
 
 def _fused(src: Path, dst: Path, ctx: object) -> BuildOutcome:
@@ -208,5 +191,5 @@ def optimize_seq2seq(model: nn.Module, layout: Seq2SeqLayout, proven: Path, out:
         return DecoderVariant(name, None, passed=False, error=why, skip_reason=reason)
 
     # the export is judged whatever the budget: the others are timed against it
-    made = [one(BASELINE, progress), *each_variant(variant_names(names), one, skipped, progress, budget)]
+    made = [one(BASELINE, progress), *each_variant(registry.chosen(names, SEQ2SEQ), one, skipped, progress, budget)]
     return DecoderVariants(tuple(made), GATES.cosine_min, GATES.top1_min, threads, SPEED_SOURCE)
