@@ -15,6 +15,7 @@ from tritonclient.grpc import model_config_pb2
 
 from onnxport.core.errors import UsageError
 from onnxport.deploy import triton_repository
+from onnxport.runtime.sessions import OrtOptions
 from tests.serve.test_serve import fixed_shape_model, mlp_out, reference, running  # noqa: F401 - mlp_out is a fixture
 
 
@@ -72,7 +73,8 @@ def test_gpu_config_has_tensorrt_and_tuned_threads(tmp_path, mlp_out):  # noqa: 
     from onnxport.serve import discover
 
     (source,) = discover(tmp_path / "repo")  # serve DIR reads the threads back
-    assert source.name == "mlp-gpu" and source.session_options == {"threads": 3, "inter_op_threads": 2}
+    assert source.name == "mlp-gpu" and source.tuned == OrtOptions(intra_op_num_threads=3, inter_op_num_threads=2,
+                                                                  execution_mode=None, graph_optimization_level=None)
 
 
 def test_gpu_config_reproduces_the_best_variants_session_options(tmp_path, mlp_out):  # noqa: F811

@@ -13,6 +13,7 @@ from onnxport import families
 from onnxport.core.errors import UsageError
 from onnxport.core.greedy import PROCESSORS_FILE
 from onnxport.core.onnxfile import external_data_files
+from onnxport.runtime.sessions import OrtOptions
 from onnxport.runtime.variant_sessions import SessionOptions
 from onnxport.seq2seq.records import FEATURE_EXTRACTOR_FILE, FILES
 from onnxport.serve.models import (
@@ -21,7 +22,7 @@ from onnxport.serve.models import (
     layout_file,
     read_report,
     served_file,
-    session_options_from_tuned,
+    tuned_options,
 )
 from onnxport.serve.models import signature as read_signature
 from onnxport.serve.triton import config_pbtxt, model_config, seq2seq_config_pbtxt, seq2seq_model_config
@@ -86,20 +87,22 @@ class TritonRepository:
         return out
 
 
-def _read_out(path: Path) -> tuple[Path, str, dict, dict[str, int], SessionOptions | None]:
-    """ONNX file, default name, session options, warmup sizes and the best variant's session options (report
-    ``best.session_options``) from an output folder or .onnx file."""
+def _read_out(path: Path) -> tuple[Path, str, OrtOptions | None, dict[str, int], SessionOptions | None]:
+    """ONNX file, default name, tuned ONNX Runtime options (report ``benchmark.tuned``; None: none), warmup
+    sizes and the best variant's session options (report ``best.session_options``) from an output folder or
+    .onnx file."""
     if path.is_file():
         if path.suffix != ".onnx":
             raise UsageError(f"{path} is not an .onnx file", "pass an onnxport output folder or a .onnx file")
-        return path, path.stem, {}, {}, None
+        return path, path.stem, None, {}, None
     if not path.is_dir():
         raise UsageError(f"{path} does not exist", "pass an onnxport output folder or a .onnx file")
     report = read_report(path) or {}
     onnx_path = served_file(path, report)
     if onnx_path is None:
         raise UsageError(f"{path} holds no model.onnx", "run 'onnxport export' or 'onnxport convert' first")
-    name, options, sizes = path.resolve().name, {}, {}
+    name, sizes = path.resolve().name, {}
+    tuned: OrtOptions | None = None
     variant: SessionOptions | None = None
     if report:
         model = report.get("model") or {}
@@ -107,13 +110,11 @@ def _read_out(path: Path) -> tuple[Path, str, dict, dict[str, int], SessionOptio
         for symbol, rng in (model.get("dims") or {}).items():
             if isinstance(rng, dict) and isinstance(rng.get("export"), int):
                 sizes[symbol] = rng["export"]
-        bench = report.get("benchmark")
-        if isinstance(bench, dict):
-            options = session_options_from_tuned(bench.get("tuned"))
+        tuned = tuned_options(report)
         best = report.get("best")
         if onnx_path.name == "best.onnx" and isinstance(best, dict) and isinstance(best.get("session_options"), dict):
             variant = SessionOptions.from_dict(best["session_options"])
-    return onnx_path, name, options, sizes, variant
+    return onnx_path, name, tuned, sizes, variant
 
 
 def triton_repository(out_or_onnx: str | Path, repo_dir: str | Path, *, name: str | None = None,
@@ -126,7 +127,7 @@ def triton_repository(out_or_onnx: str | Path, repo_dir: str | Path, *, name: st
     With ``gpu``, the config reproduces the session options the best variant was proven and timed with
     (TF32, CUDA graph, TensorRT fp16: report ``best.session_options``).
     """
-    onnx_path, default_name, options, sizes, variant = _read_out(Path(out_or_onnx))
+    onnx_path, default_name, tuned, sizes, variant = _read_out(Path(out_or_onnx))
     name = re.sub(r"[^A-Za-z0-9_.\-]+", "_", name or default_name).strip("_.") or "model"
     if max_batch < 0 or instance_count < 1 or max_delay_ms < 0:
         raise UsageError(f"max_batch={max_batch}, instances={instance_count}, max_delay_ms={max_delay_ms}",
@@ -140,10 +141,10 @@ def triton_repository(out_or_onnx: str | Path, repo_dir: str | Path, *, name: st
             raise UsageError(f"{model_dir} exists and is not a folder", "remove it or choose another --name")
     if _served_with_others(onnx_path) and Path(out_or_onnx).is_dir():
         return _seq2seq_repository(Path(out_or_onnx), onnx_path, name, model_dir, instance_count, gpu,
-                                   options.get("threads"))
+                                   None if tuned is None else tuned.intra_op_num_threads)
     sig = read_signature(onnx_path)
     config = model_config(sig, name, max_batch=max_batch, max_delay_us=int(max_delay_ms * 1000),
-                          instance_count=instance_count, gpu=gpu, session_options=options, warmup_sizes=sizes,
+                          instance_count=instance_count, gpu=gpu, tuned=tuned, warmup_sizes=sizes,
                           variant_options=variant)
     tmp = _staging(model_dir)
     try:

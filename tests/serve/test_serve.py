@@ -24,6 +24,7 @@ from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
 from onnxport.core.errors import UsageError
+from onnxport.runtime.sessions import OrtOptions
 from onnxport.serve import listen, serve_app
 from tests.conftest import MODELS, ROOT
 
@@ -396,9 +397,9 @@ def test_tuned_session_options_come_from_report_json(tmp_path, mlp_out):
     (source,) = discover(out)
     assert source.name == "tuned"  # named after the folder, whatever the model's class
     assert discover(out, "renamed")[0].name == "renamed"
-    assert source.session_options == {"threads": 1, "inter_op_threads": 1, "execution_mode": "sequential",
-                                      "opt_level": "basic", "enable_mem_pattern": False,
-                                      "enable_cpu_mem_arena": True}
+    assert source.tuned == OrtOptions(intra_op_num_threads=1, inter_op_num_threads=1, execution_mode="sequential",
+                                      graph_optimization_level="basic", enable_mem_pattern=False,
+                                      enable_cpu_mem_arena=True)
     app = serve_app(out)
     session = app.state.models["tuned"].session
     assert session.get_session_options().intra_op_num_threads == 1

@@ -150,25 +150,61 @@ EXECUTION_MODES = ("sequential", "parallel")
 
 @dataclass(frozen=True)
 class OrtOptions:
-    """ONNX Runtime session options that matter for speed (None = ONNX Runtime's default)."""
+    """ONNX Runtime session options that matter for speed (None = ONNX Runtime's default: not set).
+
+    ``execution_mode`` and ``graph_optimization_level`` default to "sequential" and "all" (what bench times);
+    None there means "not given" too (:meth:`from_tuned`): :func:`session` leaves the execution mode unset, and
+    a caller passes no ``opt_level``."""
 
     intra_op_num_threads: int | None = None
     inter_op_num_threads: int | None = None
-    execution_mode: str = "sequential"
-    graph_optimization_level: str = "all"
+    execution_mode: str | None = "sequential"
+    graph_optimization_level: str | None = "all"
     enable_mem_pattern: bool | None = None
     enable_cpu_mem_arena: bool | None = None
 
     def __post_init__(self) -> None:
-        if self.execution_mode not in EXECUTION_MODES:
+        if self.execution_mode is not None and self.execution_mode not in EXECUTION_MODES:
             raise UsageError(f"unknown execution mode '{self.execution_mode}'", "use sequential or parallel")
-        if self.graph_optimization_level not in OPT_LEVELS:
+        if self.graph_optimization_level is not None and self.graph_optimization_level not in OPT_LEVELS:
             raise UsageError(f"unknown graph optimization level '{self.graph_optimization_level}'",
                              f"use one of {', '.join(OPT_LEVELS)}")
 
     @classmethod
     def from_dict(cls, d: dict) -> OrtOptions:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+    @classmethod
+    def from_tuned(cls, tuned: object) -> OrtOptions | None:
+        """The options report.json's ``benchmark.tuned`` sets (bench's tuning: flat, or its result
+        ``{"config": {...}, "p50_ms": ...}``), each field None where the report gives no usable value (ONNX
+        Runtime's default): thread counts only when positive ints, the memory switches only when booleans.
+        None when it sets nothing (not an object, or no such key). An execution mode or optimization level it
+        does not know is a UsageError naming the report's key."""
+        if not isinstance(tuned, dict):
+            return None
+        if isinstance(tuned.get("config"), dict):
+            tuned = tuned["config"]
+        intra, inter = (tuned.get(key) for key in ("intra_op_num_threads", "inter_op_num_threads"))
+        mode, level = tuned.get("execution_mode"), tuned.get("graph_optimization_level")
+        if mode is not None and mode not in EXECUTION_MODES:
+            raise UsageError(f"report.json benchmark.tuned.execution_mode is {mode!r}",
+                             "use 'sequential' or 'parallel', or re-run the benchmark")
+        if level is not None and level not in OPT_LEVELS:
+            raise UsageError(f"report.json benchmark.tuned.graph_optimization_level is {level!r}",
+                             f"use one of {', '.join(OPT_LEVELS)}, or re-run the benchmark")
+        mem, arena = (tuned.get(key) for key in ("enable_mem_pattern", "enable_cpu_mem_arena"))
+        found = cls(intra_op_num_threads=intra if isinstance(intra, int) and intra > 0 else None,
+                    inter_op_num_threads=inter if isinstance(inter, int) and inter > 0 else None,
+                    execution_mode=mode, graph_optimization_level=level,
+                    enable_mem_pattern=mem if isinstance(mem, bool) else None,
+                    enable_cpu_mem_arena=arena if isinstance(arena, bool) else None)
+        return None if found == cls.unset() else found
+
+    @classmethod
+    def unset(cls) -> OrtOptions:
+        """Every option left to ONNX Runtime (execution mode and optimization level too)."""
+        return cls(execution_mode=None, graph_optimization_level=None)
 
 
 def session(source: str | Path | onnx.ModelProto, *, providers: list | None = None, threads: int | None = None,

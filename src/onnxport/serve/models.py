@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ from onnxport.core.errors import UsageError, one_line
 from onnxport.core.outdir import served_output_folder
 from onnxport.prove.check import check
 from onnxport.runtime.openvino import OPENVINO
-from onnxport.runtime.sessions import OPT_LEVELS
+from onnxport.runtime.sessions import OrtOptions
 from onnxport.runtime.variant_sessions import SessionOptions
 
 # numpy dtype name -> Open Inference Protocol datatype
@@ -95,11 +95,30 @@ class ModelSource:
     onnx_path: Path
     max_batch: int | None = None          # None: the caller's default
     max_delay_ms: float | None = None     # None: the caller's default
-    session_options: dict = field(default_factory=dict)  # keyword arguments for runtime.session()
+    tuned: OrtOptions | None = None  # report.json's benchmark.tuned, or a repository config's thread counts; None: ORT's defaults
     batching_off: str | None = None  # why this model is served unbatched whatever --max-batch says
     decoder_layout: dict | None = None  # report.json's decoder.layout, for a decoder exported with its cache
     proven_options: SessionOptions | None = None  # report.json's best.session_options: how best.onnx was proven
     constrained_dims: dict | None = None  # report.json's dims the model runs at some sizes of only: {sym: rule/sizes}
+
+    @property
+    def threads(self) -> int | None:
+        """The intra-op thread count it is served with (None: ONNX Runtime's default)."""
+        return None if self.tuned is None else self.tuned.intra_op_num_threads
+
+    @property
+    def session_options(self) -> dict:
+        """``runtime.session()`` keyword arguments of :attr:`tuned` (``threads``, ``opt_level``, ``options``),
+        only those it sets: empty when nothing is tuned (ONNX Runtime's defaults)."""
+        t = self.tuned
+        if t is None:
+            return {}
+        kw: dict = {"options": t}
+        if t.intra_op_num_threads is not None:
+            kw["threads"] = t.intra_op_num_threads
+        if t.graph_optimization_level is not None:
+            kw["opt_level"] = t.graph_optimization_level
+        return kw
 
 
 def _model_name(raw: str) -> str:
@@ -126,35 +145,6 @@ def check_repository_folder(repo: Path) -> Path:
     return repo
 
 
-def session_options_from_tuned(tuned: Any) -> dict:
-    """``runtime.session()`` keyword arguments from report.json's ``benchmark.tuned`` ORT options."""
-    if not isinstance(tuned, dict):
-        return {}
-    if isinstance(tuned.get("config"), dict):  # bench.tune() result: {"config": {...}, "p50_ms": ...}
-        tuned = tuned["config"]
-    out: dict = {}
-    if isinstance(tuned.get("intra_op_num_threads"), int) and tuned["intra_op_num_threads"] > 0:
-        out["threads"] = tuned["intra_op_num_threads"]
-    if isinstance(tuned.get("inter_op_num_threads"), int) and tuned["inter_op_num_threads"] > 0:
-        out["inter_op_threads"] = tuned["inter_op_num_threads"]
-    mode = tuned.get("execution_mode")
-    if mode is not None:
-        if mode not in ("sequential", "parallel"):
-            raise UsageError(f"report.json benchmark.tuned.execution_mode is {mode!r}",
-                             "use 'sequential' or 'parallel', or re-run the benchmark")
-        out["execution_mode"] = mode
-    level = tuned.get("graph_optimization_level")
-    if level is not None:
-        if level not in OPT_LEVELS:
-            raise UsageError(f"report.json benchmark.tuned.graph_optimization_level is {level!r}",
-                             f"use one of {', '.join(OPT_LEVELS)}, or re-run the benchmark")
-        out["opt_level"] = level
-    for key in ("enable_mem_pattern", "enable_cpu_mem_arena"):
-        if isinstance(tuned.get(key), bool):
-            out[key] = tuned[key]
-    return out
-
-
 def read_report(out: Path) -> dict | None:
     """``out/report.json`` of an output folder (None when there is none, or it holds no object); invalid JSON is
     a UsageError."""
@@ -174,11 +164,9 @@ def read_report(out: Path) -> dict | None:
 def _from_output_folder(out: Path) -> ModelSource:
     report = read_report(out)
     onnx_path = served_file(out, report) or out / "model.onnx"
-    name, options, layout, proven, constrained = out.resolve().name, {}, None, None, None  # named after the folder: `serve out/minilm` is "minilm"
+    name, layout, proven, constrained = out.resolve().name, None, None, None  # named after the folder: `serve out/minilm` is "minilm"
+    tuned = tuned_options(report)
     if report is not None:
-        bench = report.get("benchmark")
-        if isinstance(bench, dict):
-            options = session_options_from_tuned(bench.get("tuned"))
         section = next((report[key] for key in families.sections() if report.get(key)), None)
         layout = section.get("layout") if isinstance(section, dict) else None
         best = report.get("best")
@@ -186,11 +174,25 @@ def _from_output_folder(out: Path) -> ModelSource:
         proven = SessionOptions.from_dict(recorded) if isinstance(recorded, dict) and recorded else None
         constrained = _constrained_dims(report)
     note = _not_batch_invariant(report, onnx_path.name)
-    return ModelSource(_model_name(name), "1", onnx_path, session_options=options,
+    return ModelSource(_model_name(name), "1", onnx_path, tuned=tuned,
                        max_batch=1 if note else None, batching_off=note,
                        decoder_layout=layout if isinstance(layout, dict) else None,
                        proven_options=proven,
                        constrained_dims=constrained)
+
+
+def tuned_options(report: object) -> OrtOptions | None:
+    """The ONNX Runtime options report.json's ``benchmark.tuned`` sets (:meth:`OrtOptions.from_tuned`: None
+    when it sets none; an unknown execution mode or optimization level is a UsageError)."""
+    bench = report.get("benchmark") if isinstance(report, dict) else None
+    return OrtOptions.from_tuned(bench.get("tuned")) if isinstance(bench, dict) else None
+
+
+def _thread_counts(intra: int | None = None, inter: int | None = None) -> OrtOptions | None:
+    """A repository config's thread counts as the record (nothing else set; None when neither is given)."""
+    if intra is None and inter is None:
+        return None
+    return dataclasses.replace(OrtOptions.unset(), intra_op_num_threads=intra, inter_op_num_threads=inter)
 
 
 def served_file(out: Path, report: object = None) -> Path | None:
@@ -274,22 +276,22 @@ def _from_repository_entry(entry: Path) -> ModelSource | None:
                          "onnxport serves ONNX models only (platform: \"onnxruntime_onnx\")")
     max_batch = _config_value(text, "max_batch_size")
     delay = _config_value(text, "max_queue_delay_microseconds")
-    options: dict = {}
-    for key, arg in (("intra_op_thread_count", "threads"), ("inter_op_thread_count", "inter_op_threads")):
+    counts: dict[str, int] = {}
+    for key, arg in (("intra_op_thread_count", "intra"), ("inter_op_thread_count", "inter")):
         value = _config_parameter(text, key)
         if value and value.isdigit() and int(value) > 0:
-            options[arg] = int(value)
+            counts[arg] = int(value)
     name = _config_value(text, "name") or entry.name
     proven: SessionOptions | None = None
     if platform == "openvino":  # onnxport triton wrote it for a best proven on OpenVINO: served there too
         proven = SessionOptions(OPENVINO, inference_precision=_config_parameter(text, "INFERENCE_PRECISION_HINT")
                                 or "f32", performance_hint=_config_parameter(text, "PERFORMANCE_HINT") or "LATENCY")
         threads = _config_parameter(text, "INFERENCE_NUM_THREADS")
-        options.update({"threads": int(threads)} if threads and threads.isdigit() else {})
+        counts.update({"intra": int(threads)} if threads and threads.isdigit() else {})
     return ModelSource(name, str(versions[0]), entry / str(versions[0]) / filename,
                        max_batch=int(max_batch) if max_batch and max_batch.isdigit() else None,
                        max_delay_ms=int(delay) / 1000 if delay and delay.isdigit() else None,
-                       session_options=options, proven_options=proven)
+                       tuned=_thread_counts(**counts), proven_options=proven)
 
 
 def _family_entry(entry: Path, text: str, family: families.Family) -> ModelSource | None:
@@ -308,8 +310,8 @@ def _family_entry(entry: Path, text: str, family: families.Family) -> ModelSourc
         raise UsageError(f"{folder / name} is not valid JSON: {e}", "run onnxport triton again") from None
     threads = _config_parameter(text, "intra_op_thread_count")
     return ModelSource(_config_value(text, "name") or entry.name, str(versions[0]), folder / family.files[-1],
-                       session_options={"threads": int(threads)} if threads and threads.isdigit() and int(threads)
-                       else {}, decoder_layout=layout if isinstance(layout, dict) else None)
+                       tuned=_thread_counts(int(threads)) if threads and threads.isdigit() and int(threads) else None,
+                       decoder_layout=layout if isinstance(layout, dict) else None)
 
 
 def discover(path: str | Path, name: str | None = None) -> list[ModelSource]:

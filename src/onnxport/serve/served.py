@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from onnxport.core.errors import UsageError
 from onnxport.core.options import RuntimeOptions
-from onnxport.runtime.sessions import CPU, OrtOptions, runtime_providers, session
+from onnxport.runtime.sessions import CPU, runtime_providers, session
 from onnxport.runtime.variant_sessions import is_openvino, open_for, providers_for, without_cuda_graph
 from onnxport.serve.batcher import Batcher, BatchStats, InferenceError, Outputs
 from onnxport.serve.generate import (
@@ -202,7 +202,7 @@ class ServedModel:
 
     def config(self) -> dict:
         config = model_config(self.signature, self.name, max_batch=self.max_batch,
-                              max_delay_us=int(self.max_delay_ms * 1000), session_options=self.source.session_options)
+                              max_delay_us=int(self.max_delay_ms * 1000), tuned=self.source.tuned)
         if self.source.batching_off:
             config.setdefault("parameters", {})["onnxport_batching"] = {"string_value": f"off: {self.source.batching_off}"}
         for sym, rule in (self.source.constrained_dims or {}).items():  # proven at these sizes only
@@ -286,20 +286,13 @@ def find(models: dict[str, ServedModel], name: str, version: str | None = None) 
     return m
 
 
-TUNED_KEYS = ("inter_op_threads", "execution_mode", "enable_mem_pattern", "enable_cpu_mem_arena")
-
-
 def device_options(source: ModelSource, device: str = "cpu", chain: list | None = None) -> dict:
-    """``runtime.session()`` keywords for ``source`` on ``device``: on cuda, the providers best.onnx was proven
-    with (TF32, TensorRT fp16 and its caches) — without a CUDA graph, which holds one input shape while served
-    requests change shape — else ``chain`` (the device's provider chain) when given."""
+    """``runtime.session()`` keywords for ``source`` on ``device``: its tuned options (``threads``,
+    ``opt_level`` and ``options`` where :attr:`ModelSource.tuned` sets them; nothing tuned: ONNX Runtime's
+    defaults) and, on cuda, the providers best.onnx was proven with (TF32, TensorRT fp16 and its caches) —
+    without a CUDA graph, which holds one input shape while served requests change shape — else ``chain``
+    (the device's provider chain) when given."""
     kw = dict(source.session_options)
-    tuned = {k: kw.pop(k) for k in TUNED_KEYS if k in kw}  # the tuned speed options, as runtime.OrtOptions
-    if tuned:
-        kw["options"] = OrtOptions(inter_op_num_threads=tuned.get("inter_op_threads"),
-                                   execution_mode=tuned.get("execution_mode") or "sequential",
-                                   enable_mem_pattern=tuned.get("enable_mem_pattern"),
-                                   enable_cpu_mem_arena=tuned.get("enable_cpu_mem_arena"))
     proven = source.proven_options
     if device == "cuda" and proven is not None and proven.provider != CPU:
         kw["providers"] = providers_for(without_cuda_graph(proven), source.onnx_path.parent)
@@ -317,7 +310,7 @@ def load(source: ModelSource, max_batch: int | None, max_delay_ms: float | None,
     sig = signature(source.onnx_path)
     chain = runtime_providers(runtime) if runtime.device != "cpu" else None
     if is_openvino(source.proven_options):  # best.onnx was proven on OpenVINO: served there, at its precision
-        sess = open_for(source.proven_options, threads=source.session_options.get("threads"))(source.onnx_path)
+        sess = open_for(source.proven_options, threads=source.threads)(source.onnx_path)
     else:
         sess = session(source.onnx_path, **device_options(source, runtime.device, chain))
     batch_limit = max_batch if max_batch is not None else (source.max_batch if source.max_batch is not None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from onnxport.core.greedy import GreedyRules
-from onnxport.runtime.sessions import CUDA, TENSORRT
+from onnxport.runtime.sessions import CUDA, TENSORRT, OrtOptions
 from onnxport.runtime.variant_sessions import SessionOptions, is_openvino
 from onnxport.serve.models import (
     DEFAULT_MAX_BATCH,
@@ -81,19 +81,30 @@ def openvino_parameters(variant_options: SessionOptions, threads: int | None = N
     return params
 
 
+def _from_keywords(kw: dict) -> OrtOptions:
+    """``runtime.session()``-style keywords (``threads``, ``inter_op_threads``, ``execution_mode``) as the
+    record, every option they leave out unset."""
+    return OrtOptions(intra_op_num_threads=kw.get("threads"), inter_op_num_threads=kw.get("inter_op_threads"),
+                      execution_mode=kw.get("execution_mode"), graph_optimization_level=None)
+
+
 def model_config(sig: Signature, name: str, *, max_batch: int = DEFAULT_MAX_BATCH,
                  max_delay_us: int = int(DEFAULT_MAX_DELAY_MS * 1000), instance_count: int = 1,
-                 gpu: bool = False, session_options: dict | None = None,
-                 warmup_sizes: dict[str, int] | None = None, variant_options: SessionOptions | None = None) -> dict:
+                 gpu: bool = False, tuned: OrtOptions | None = None, warmup_sizes: dict[str, int] | None = None,
+                 variant_options: SessionOptions | None = None, session_options: dict | None = None) -> dict:
     """Triton's model configuration for ``sig`` as a dict (Triton's JSON form of ``ModelConfig``).
 
     ``max_batch`` is the Triton ``max_batch_size``; it becomes 0 (no batch dim) for models whose first dim
     is not dynamic. ``warmup_sizes`` gives sizes for dynamic non-batch dims by symbol (default 1).
     ``variant_options``: the best variant's session options (report ``best.session_options``), reproduced on
     a GPU (:func:`gpu_accelerators`); a CUDA graph replays the shapes it captured, so dynamic batching is off.
+    ``tuned``: the ONNX Runtime options to write as parameters (thread counts, and the execution mode when it
+    is given; None: ONNX Runtime's defaults). ``session_options``: the same as ``runtime.session()`` keywords
+    (``threads``, ``inter_op_threads``, ``execution_mode``), the older form, read into ``tuned`` when no
+    ``tuned`` is given.
     """
     batch = max_batch if (sig.batchable and max_batch > 0) else 0
-    options = session_options or {}
+    options = tuned if tuned is not None else _from_keywords(session_options or {})
     openvino = not gpu and is_openvino(variant_options)
     config: dict = {
         "name": name, "platform": "onnxruntime_onnx", "backend": "onnxruntime", "max_batch_size": batch,
@@ -109,12 +120,12 @@ def model_config(sig: Signature, name: str, *, max_batch: int = DEFAULT_MAX_BATC
         preferred = [b for b in (2, 4, 8, 16, 32, 64, 128, 256) if b <= batch][-2:]
         config["dynamic_batching"] = {"preferred_batch_size": preferred, "max_queue_delay_microseconds": max_delay_us}
     config["instance_group"] = [{"count": instance_count, "kind": _Enum("KIND_GPU" if gpu else "KIND_CPU")}]
-    params = {"intra_op_thread_count": options.get("threads") or 0,
-              "inter_op_thread_count": options.get("inter_op_threads") or 0}
+    params = {"intra_op_thread_count": options.intra_op_num_threads or 0,
+              "inter_op_thread_count": options.inter_op_num_threads or 0}
     if openvino and variant_options is not None:
-        params = openvino_parameters(variant_options, options.get("threads"))
-    elif options.get("execution_mode"):
-        params["execution_mode"] = 1 if options["execution_mode"] == "parallel" else 0
+        params = openvino_parameters(variant_options, options.intra_op_num_threads)
+    elif options.execution_mode:
+        params["execution_mode"] = 1 if options.execution_mode == "parallel" else 0
     config["parameters"] = {k: {"string_value": str(v)} for k, v in params.items()}
     if gpu:
         config["optimization"] = {"execution_accelerators": {
