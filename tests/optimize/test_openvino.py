@@ -20,6 +20,7 @@ from onnxport.optimize.policy import tolerance_policy
 from onnxport.optimize.result import SkipReason, Variant
 from onnxport.runtime import SessionOptions, open_for
 from onnxport.runtime.openvino import bf16_missing, compile_config
+from onnxport.runtime.sessions import OrtOptions
 from tests.conftest import MODELS
 
 HAVE_OV = importlib.util.find_spec("openvino") is not None
@@ -153,7 +154,8 @@ def test_triton_config_follows_an_openvino_best(tmp_path):
     loaded = load_model(f"{MODELS}:TinyMLP", inputs=["x:float32[batch,8]"])
     export(loaded, tmp_path / "model.onnx", exporter="torchscript")
     sig = signature(tmp_path / "model.onnx")
-    config = model_config(sig, "m", session_options={"threads": 2},
+    config = model_config(sig, "m", tuned=OrtOptions(intra_op_num_threads=2, execution_mode=None,
+                                                     graph_optimization_level=None),
                           variant_options=ov_variants.openvino_options("bf16"))
     assert config["backend"] == "openvino" and "platform" not in config
     assert config["default_model_filename"] == "model.onnx"

@@ -99,10 +99,11 @@ def test_a_repositorys_thread_count_still_sets_the_threads(tmp_path):
     assert load(source, None, None, Metrics()).session.get_session_options().intra_op_num_threads == 3
 
 
-def test_model_config_takes_the_record_or_the_older_keywords(tmp_path):
+def test_model_config_writes_the_record_and_nothing_for_what_it_leaves_unset(tmp_path):
     sig = signature(_out(tmp_path / "kw", report=False) / "model.onnx")
     record = OrtOptions(intra_op_num_threads=2, inter_op_num_threads=2, execution_mode="parallel")
-    keywords = {"threads": 2, "inter_op_threads": 2, "execution_mode": "parallel"}
-    assert model_config(sig, "m", tuned=record) == model_config(sig, "m", session_options=keywords)
-    assert model_config(sig, "m") == model_config(sig, "m", session_options={})
+    assert model_config(sig, "m", tuned=record)["parameters"] == {
+        "intra_op_thread_count": {"string_value": "2"}, "inter_op_thread_count": {"string_value": "2"},
+        "execution_mode": {"string_value": "1"}}
+    assert model_config(sig, "m") == model_config(sig, "m", tuned=OrtOptions.unset())
     assert "execution_mode" not in model_config(sig, "m", tuned=OrtOptions.unset())["parameters"]

@@ -153,7 +153,7 @@ class OrtBackend:
     def _open_session(self):
         o = self.options
         return session(self.path, providers=self.providers, threads=self.threads,
-                       opt_level=o.graph_optimization_level, options=o)
+                       opt_level=o.graph_optimization_level or "all", options=o)
 
     def open(self) -> None:
         self.session = self._open_session()

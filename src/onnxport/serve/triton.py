@@ -81,17 +81,10 @@ def openvino_parameters(variant_options: SessionOptions, threads: int | None = N
     return params
 
 
-def _from_keywords(kw: dict) -> OrtOptions:
-    """``runtime.session()``-style keywords (``threads``, ``inter_op_threads``, ``execution_mode``) as the
-    record, every option they leave out unset."""
-    return OrtOptions(intra_op_num_threads=kw.get("threads"), inter_op_num_threads=kw.get("inter_op_threads"),
-                      execution_mode=kw.get("execution_mode"), graph_optimization_level=None)
-
-
 def model_config(sig: Signature, name: str, *, max_batch: int = DEFAULT_MAX_BATCH,
                  max_delay_us: int = int(DEFAULT_MAX_DELAY_MS * 1000), instance_count: int = 1,
                  gpu: bool = False, tuned: OrtOptions | None = None, warmup_sizes: dict[str, int] | None = None,
-                 variant_options: SessionOptions | None = None, session_options: dict | None = None) -> dict:
+                 variant_options: SessionOptions | None = None) -> dict:
     """Triton's model configuration for ``sig`` as a dict (Triton's JSON form of ``ModelConfig``).
 
     ``max_batch`` is the Triton ``max_batch_size``; it becomes 0 (no batch dim) for models whose first dim
@@ -99,12 +92,10 @@ def model_config(sig: Signature, name: str, *, max_batch: int = DEFAULT_MAX_BATC
     ``variant_options``: the best variant's session options (report ``best.session_options``), reproduced on
     a GPU (:func:`gpu_accelerators`); a CUDA graph replays the shapes it captured, so dynamic batching is off.
     ``tuned``: the ONNX Runtime options to write as parameters (thread counts, and the execution mode when it
-    is given; None: ONNX Runtime's defaults). ``session_options``: the same as ``runtime.session()`` keywords
-    (``threads``, ``inter_op_threads``, ``execution_mode``), the older form, read into ``tuned`` when no
-    ``tuned`` is given.
+    is given; None: ONNX Runtime's defaults).
     """
     batch = max_batch if (sig.batchable and max_batch > 0) else 0
-    options = tuned if tuned is not None else _from_keywords(session_options or {})
+    options = tuned if tuned is not None else OrtOptions.unset()
     openvino = not gpu and is_openvino(variant_options)
     config: dict = {
         "name": name, "platform": "onnxruntime_onnx", "backend": "onnxruntime", "max_batch_size": batch,
