@@ -71,6 +71,12 @@ def test_the_export_stays_best_unless_clearly_beaten():
     assert clear.best.name == "int8" and clear.speedup == pytest.approx(1.8)
     failed_export = decoder.DecoderVariants((timed("export", 100.0, passed=False), timed("fused", 101.0)), 0.99, 0.9)
     assert failed_export.best.name == "fused"
+    slow = decoder.DecoderVariants((timed("export", 100.0, passed=False), timed("int4", 0.8)), 0.99, 0.9)
+    assert slow.best.name == "int4"  # no passing export to be clearly faster than: the fastest passing one
+    untimed = decoder.DecoderVariants((decoder.DecoderVariant("export", None, passed=True),), 0.99, 0.9)
+    assert untimed.best is None
+    inf = decoder.DecoderVariant("int8", None, max_abs_err=float("inf"), cosine=float("nan")).to_dict()
+    assert inf["max_abs_err"] is None and inf["cosine"] is None  # report.json stays strict JSON
 
 
 def test_llama_variants_built_proven_and_timed(llama_run):

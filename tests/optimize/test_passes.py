@@ -112,3 +112,19 @@ def test_a_full_disk_stops_the_run(tmp_path):
 def test_unmade_is_a_plain_record():
     why = Unmade("int8", "call", "no MatMul", SkipReason.NOT_APPLICABLE)
     assert why.path is None and why.notes == () and why.seconds == 0.0
+
+
+def test_a_judge_that_cannot_open_the_file_fails_the_variant_unless_the_kind_raises_it(tmp_path):
+    """A decoder's session raises UsageError for a file onnxruntime cannot load: that variant fails, the others
+    go on; the plain kind's judge records such files itself, so its typed errors stop the run."""
+    from onnxport.core.errors import OnnxportError, UsageError
+
+    (tmp_path / "model.onnx").write_bytes(b"x")
+
+    def unloadable(made):
+        raise UsageError("onnxruntime cannot load the model: no kernel for MatMulNBits")
+
+    assert _pass(tmp_path, None, unloadable)()[:2] == ("unmade", "ensures")
+    strict = VariantPass("v", tmp_path / "model.onnx", None, unloadable, lambda why: why, raised=(OnnxportError,))
+    with pytest.raises(UsageError):
+        strict()

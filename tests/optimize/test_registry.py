@@ -110,3 +110,10 @@ def test_one_reading_of_the_names_for_every_kind():
     assert chosen("int4,fused", DECODER) == ("fused", "int4")
     with pytest.raises(UsageError, match=r"unknown encoder-decoder variant 'int4' \(--variants int4\)"):
         chosen(["int4"], SEQ2SEQ)
+
+
+def test_auto_among_other_spellings_is_still_auto():
+    from onnxport.optimize.registry import SEQ2SEQ, chosen
+
+    for names in ("export,auto", " auto", "auto,", ["export", "auto"]):
+        assert chosen(names, SEQ2SEQ) == ("fused", "int8"), names

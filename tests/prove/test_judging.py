@@ -142,3 +142,15 @@ def test_a_parity_that_cannot_tell_never_passes_an_elementwise_policy():
     judged = verdict(found, POLICY)
     assert not found.within and not judged.passed and "logits: constant" in judged.reason
     assert verdict(Accuracy.of_parity(ParityResult(True, FP32, (_case("batch 1", True),))), POLICY).passed
+
+
+def test_non_finite_outputs_never_pass_a_cosine_gate():
+    nan = A.copy()
+    nan[0, 0] = np.nan
+    assert cosine(nan, A) == -1.0 and cosine(A * np.inf, A) == -1.0
+    first_bad = compare_accuracy(RunResults.of(["one", "two"], [(nan,), (A,)]), RunResults.of(["one", "two"], [(A,), (A,)]),
+                                 FP32)
+    last_bad = compare_accuracy(RunResults.of(["one", "two"], [(A,), (nan,)]), RunResults.of(["one", "two"], [(A,), (A,)]),
+                                FP32)
+    assert first_bad.cosine == last_bad.cosine == -1.0  # whichever case holds the NaN
+    assert [label for label, _ in first_bad.outside] == ["one"] and [label for label, _ in last_bad.outside] == ["two"]

@@ -13,7 +13,7 @@ from onnxport.core.errors import UsageError, one_line
 from onnxport.core.greedy import GreedyRules
 from onnxport.core.records import Tolerance
 from onnxport.optimize.gates import GATES
-from onnxport.optimize.passes import MIN_GAIN, choose_best
+from onnxport.optimize.passes import MIN_GAIN, choose_best, fastest
 from onnxport.optimize.result import VariantRecord
 
 __all__ = ["DECODER_GATES", "MIN_GAIN", "CacheLayout", "CacheVariants", "DecoderExport", "DecoderOutcome", "DecoderProof",
@@ -195,7 +195,8 @@ class DecoderProof:
 
 
 def _round(x: float | None, digits: int = 4) -> float | None:
-    return None if x is None else round(float(x), digits)
+    """``x`` rounded for the report; None for None and for a non-finite value (report.json is strict JSON)."""
+    return None if x is None or not np.isfinite(x) else round(float(x), digits)
 
 
 @dataclass(frozen=True)
@@ -259,6 +260,8 @@ class DecoderVariants:
                 return None
             return v.decode_tok_s / base_speed if base_speed else v.decode_tok_s
 
+        if base_speed is None:  # no timed export to be clearly faster than: the fastest passing one
+            return fastest(self.variants, speedup)
         return choose_best(self.variants, speedup)
 
     def get(self, name: str) -> DecoderVariant | None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from onnxport import environment
 from onnxport.bench import bench_sizes, sizes_at, stats, timed_blocks
-from onnxport.core.errors import UsageError
+from onnxport.core.errors import OnnxportError, UsageError
 from onnxport.core.logs import Progress, noop
 from onnxport.core.onnxfile import file_bytes
 from onnxport.core.records import FP16, FP32, BatchInvariance, Tolerance
@@ -328,7 +328,7 @@ def _baseline(model_path: Path, out: Path, ctx: BuildContext) -> Variant:
                        session_options=SessionOptions.base(ctx.device),
                        **file_facts(model_path), **replace(proof, divergence=None, divergence_error=None).variant_fields())
 
-    return VariantPass(BASELINE, model_path, None, proven, _unmade)()
+    return VariantPass(BASELINE, model_path, None, proven, _unmade, raised=(OnnxportError,))()
 
 
 def _unmade(why: Unmade) -> Variant:
@@ -346,7 +346,8 @@ def _variant(name: str, src: Path, dst: Path, out: Path, ctx: BuildContext) -> V
     failed variant)."""
     ctx.progress(f"variant {name}: building")
     build = functools.partial(build_into, builder(MODEL, name), src, dst, ctx)
-    return VariantPass(name, src, build, functools.partial(_proven, name, dst, out, ctx), _unmade)()
+    return VariantPass(name, src, build, functools.partial(_proven, name, dst, out, ctx), _unmade,
+                       raised=(OnnxportError,))()
 
 
 def _proven(name: str, dst: Path, out: Path, ctx: BuildContext, made: Built) -> Variant:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from onnxport.core.errors import DiskFull, UsageError, disk_full
+from onnxport.core.errors import DiskFull, disk_full
 from onnxport.core.logs import Progress
 from onnxport.core.onnxfile import move_model, remove_model
 from onnxport.optimize.context import BuildOutcome, Skip
@@ -191,7 +191,9 @@ class VariantPass(Generic[R]):
     starts from exists), :meth:`call` (the kind's build: ``build()``, usually :func:`build_into`; None: the
     export itself, the baseline), :meth:`ensures` (the kind's judge re-proves the file against PyTorch:
     ``judge(built)``, the :class:`Built` record). Calling the pass runs the three and returns the kind's record: the judge's, or
-    ``unmade(Unmade)``'s for a variant stopped on the way (a full disk and the user's errors are raised)."""
+    ``unmade(Unmade)``'s for a variant stopped on the way. ``raised``: what a judge raises that stops the run
+    rather than the variant (a full disk always; the plain kind's judge: every typed onnxport error, since it
+    records a file onnxruntime cannot load itself, while a decoder's session raises UsageError for that)."""
 
     name: str
     src: Path
@@ -199,6 +201,7 @@ class VariantPass(Generic[R]):
     judge: Callable[[Built], R]
     unmade: Callable[[Unmade], R]
     baseline_notes: tuple[str, ...] = ()
+    raised: tuple[type[Exception], ...] = (DiskFull,)
 
     def requires(self) -> Unmade | None:
         """None when the pass can run; else why not."""
@@ -224,7 +227,7 @@ class VariantPass(Generic[R]):
         notes = made.outcome.notes if made.outcome is not None else ()
         try:
             return self.judge(made)
-        except (DiskFull, UsageError):
+        except (DiskFull, *self.raised):
             raise
         except Exception as e:  # noqa: BLE001 - a variant failing is recorded, the others go on
             if disk_full(e):

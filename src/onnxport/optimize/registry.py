@@ -126,4 +126,6 @@ def chosen(names: Sequence[str] | str | None, kind_name: str) -> tuple[str, ...]
     items = names.split(",") if isinstance(names, str) else list(names)
     rest = [n.strip() for n in items if n.strip() and n.strip() != BASELINE]
     wanted = parse_names(rest, kind_name) if rest else []
+    if wanted == AUTO:  # "export,auto" and the like
+        wanted = list(KINDS[kind_name].default)
     return tuple(n for n in KINDS[kind_name].names if n in wanted)

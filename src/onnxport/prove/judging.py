@@ -73,10 +73,14 @@ def run_cases(run: Callable[[Any], Sequence[np.ndarray]], feeds: Sequence[Any], 
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    """The cosine of two arrays, flattened (two zero arrays: 1 when equal)."""
+    """The cosine of two arrays, flattened (two zero arrays: 1 when equal; a non-finite one: -1, as
+    :func:`~onnxport.prove.compare.row_cosines` gives, so NaN or inf outputs never pass a cosine gate)."""
     a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        return -1.0
     norm = float(np.linalg.norm(a) * np.linalg.norm(b))
-    return float(a @ b / norm) if norm else float(np.array_equal(a, b))
+    found = float(a @ b / norm) if norm else float(np.array_equal(a, b))
+    return found if np.isfinite(found) else -1.0
 
 
 @dataclass(frozen=True)
@@ -105,7 +109,8 @@ class Accuracy:
         err = result.max_abs_err
         untold = None
         if not result.passed and not bad:
-            untold = "; ".join(f"{name}: {why}" for name, why in result.cannot_tell.items()) or "no case compared"
+            untold = ("; ".join(f"{name}: {why}" for name, why in result.cannot_tell.items())
+                      or ("no case compared" if not result.cases else "the parity check did not pass"))
         return cls(len(result.cases), bad, failed, float(err) if np.isfinite(err) else float("inf"), untold=untold)
 
 
