@@ -136,7 +136,7 @@ def test_the_plain_parity_result_is_the_same_finding():
 
 
 def test_a_parity_that_cannot_tell_never_passes_an_elementwise_policy():
-    """Every case within, yet the outputs cannot tell a wrong file from a right one: not proven."""
+    """Every case within, yet the outputs cannot tell a right file from a wrong one: not proven."""
     result = ParityResult(False, FP32, (_case("batch 1", True),), cannot_tell={"logits": "constant"})
     found = Accuracy.of_parity(result)
     judged = verdict(found, POLICY)

@@ -222,10 +222,6 @@ class DecoderVariant(VariantRecord):
     error: str | None = None
     notes: tuple[str, ...] = ()  # how it was built, and the routes that matched nothing
 
-    @property
-    def why(self) -> str | None:
-        return self.error
-
     def to_dict(self) -> dict:
         return {"name": self.name, "path": None if self.path is None else str(self.path),
                 "size_bytes": self.size_bytes, "fused_ops": dict(self.fused_ops),

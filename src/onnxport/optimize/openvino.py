@@ -29,7 +29,7 @@ from onnxport.optimize.context import BuildContext, BuildOutcome, Skip
 from onnxport.optimize.result import SkipReason, Variant
 from onnxport.runtime.openvino import LATENCY, OPENVINO, bf16_missing, openvino_missing, openvino_version
 from onnxport.runtime.sessions import session
-from onnxport.runtime.variant_sessions import SessionOptions, open_for
+from onnxport.runtime.variant_sessions import SessionOptions, is_openvino, open_for
 
 __all__ = ["OPENVINO_VARIANTS", "PRECISION_OF", "build_openvino", "build_openvino_bf16", "build_openvino_int8",
            "int8_precision", "nncf_missing", "openvino_options", "why_not_here"]
@@ -129,7 +129,7 @@ def best_notes(best: Variant) -> list[Diagnostic]:
     """An info line when the best variant is run by OpenVINO (``best-needs-openvino``): bench, serve and triton
     follow it; a user taking best.onnx elsewhere needs OpenVINO, and is told how onnxruntime opens it."""
     options = best.session_options
-    if options is None or options.provider != OPENVINO:
+    if options is None or not is_openvino(options):
         return []
     ort_says = (best.details or {}).get("onnxruntime", "opens")
     precision = options.inference_precision or "f32"

@@ -73,11 +73,9 @@ def task_runs(loaded: LoadedModel, refs: Refs, sess) -> tuple[RunResults, RunRes
     edge = [len(refs.cases) == len(refs.inputs) and c.values == "edge" for c in refs.cases] or [False] * len(refs.inputs)
     skip = edge if not all(edge) else [False] * len(edge)  # a matrix of edge cases alone is judged on them
     labels = [c.label for c in refs.cases] if len(refs.cases) == len(refs.inputs) else list(map(str, range(len(refs.inputs))))
-    kind = None
     picked = [(label, tensors, ref) for label, skipped, tensors, ref in zip(labels, skip, refs.inputs, refs.outputs)
               if ref is not None and not skipped]
-    for _, _, ref in picked[:1]:
-        kind = task_kind(loaded, ref)
+    kind = task_kind(loaded, picked[0][2]) if picked else None
 
     def run(case) -> tuple[np.ndarray]:
         _, tensors, _ = case

@@ -121,11 +121,9 @@ def chosen(names: Sequence[str] | str | None, kind_name: str) -> tuple[str, ...]
     first whatever is asked). A name the kind does not declare is a UsageError (:func:`parse_names`)."""
     if names is None:
         return ()
-    if names in (AUTO, [AUTO]):
-        names = "all"
     items = names.split(",") if isinstance(names, str) else list(names)
     rest = [n.strip() for n in items if n.strip() and n.strip() != BASELINE]
     wanted = parse_names(rest, kind_name) if rest else []
-    if wanted == AUTO:  # "export,auto" and the like
+    if wanted == AUTO:  # "auto", and "export,auto" and the like
         wanted = list(KINDS[kind_name].default)
     return tuple(n for n in KINDS[kind_name].names if n in wanted)

@@ -22,8 +22,7 @@ from onnxport.optimize.registry import (
     VARIANTS,
     parse_names,
 )
-from onnxport.runtime.openvino import OPENVINO
-from onnxport.runtime.variant_sessions import SessionOptions
+from onnxport.runtime.variant_sessions import SessionOptions, is_openvino
 
 __all__ = ["ALL_VARIANTS", "AUTO", "BASELINE", "COSINE_MIN", "GPU_VARIANTS", "OPENVINO_VARIANTS", "ORT_LEVEL", "TOP1_MIN", "VARIANTS",
            "Metric", "OptimizeResult", "Proof", "SampleJudgement", "SessionOptions", "SkipReason", "Variant", "VariantRecord",
@@ -99,15 +98,6 @@ class VariantRecord:
     metrics: tuple[Metric, ...] = ()
     skip_reason: SkipReason | None = None
 
-    @property
-    def why(self) -> str | None:
-        """Why it failed or was not built, in words (None: it passed)."""
-        raise NotImplementedError
-
-    def metric_named(self, name: str) -> Metric | None:
-        """The task metric called ``name`` (None: not measured)."""
-        return next((m for m in self.metrics if m.name == name), None)
-
 
 @dataclass(frozen=True)
 class Variant(VariantRecord):
@@ -140,14 +130,9 @@ class Variant(VariantRecord):
         return cls(name, None, False, reason=why, skipped=why, skip_reason=reason, build_seconds=build_seconds)
 
     @property
-    def why(self) -> str | None:
-        return self.reason
-
-    @property
     def backend(self) -> str:
         """The runtime the file runs on: "openvino" when its session options say so, else "onnxruntime"."""
-        options = self.session_options
-        return "openvino" if options is not None and options.provider == OPENVINO else "onnxruntime"
+        return "openvino" if is_openvino(self.session_options) else "onnxruntime"
 
     def _divergence(self) -> dict | None:
         if self.divergence is not None:

@@ -252,7 +252,7 @@ def verdict(found: Accuracy, policy: Policy, tokens: Tokens | None = None,
         reasons.append(f"outside the {policy.tolerance_name()} tolerance (atol {tol.atol:g} / rtol {tol.rtol:g}) on "
                        f"{len(found.outside)} of {found.cases} cases; first '{label}': {why}")
     if policy.elementwise and found.untold is not None:
-        reasons.append(f"the comparison cannot tell a wrong file from a right one ({found.untold})")
+        reasons.append(f"the comparison cannot tell a right file from a wrong one ({found.untold})")
     if policy.metric:
         reasons += [f"{m.name} {'n/a' if m.value is None else f'{m.value:.4f}'} below {m.threshold}"
                     for m in metrics if not m.passed]

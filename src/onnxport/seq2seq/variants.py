@@ -25,6 +25,7 @@ from onnxport.core.onnxfile import copy_model, file_bytes
 from onnxport.core.records import FP32, Tolerance
 from onnxport.decoder.records import DecoderVariant, DecoderVariants
 from onnxport.decoder.variants import build_nbits, fuse_offline
+from onnxport.decoder.variants import policy as decoder_policy
 from onnxport.optimize import registry
 from onnxport.optimize.context import BuildOutcome
 from onnxport.optimize.gates import GATES
@@ -106,11 +107,11 @@ def step_runs(sessions: Sessions, layout: Seq2SeqLayout, refs) -> tuple[RunResul
 
 
 def policy(name: str, tolerance: Tolerance) -> Policy:
-    """The encoder-decoder kind's policy for variant ``name``: fp32 variants within ``tolerance`` with the same
-    greedy tokens, the others by the lowest logit cosine and the share of equal greedy tokens at the gates."""
-    fp32 = name in (BASELINE, "fused")
-    return Policy(tolerance, elementwise=fp32, metric=not fp32, tokens=fp32, cosine_min=GATES.cosine_min,
-                  top1_min=GATES.top1_min, cosine_name="logit cosine", top1_name="greedy tokens equal", top1=True)
+    """The encoder-decoder kind's policy for variant ``name``: the decoder kind's
+    (:func:`onnxport.decoder.variants.policy`), whose fp32 variants here must give the same greedy tokens too,
+    and whose top-1 is the share of greedy tokens equal to PyTorch's."""
+    found = decoder_policy(name, tolerance)
+    return replace(found, tokens=found.elementwise, top1_name="greedy tokens equal")
 
 
 def decode_speed(sessions: Sessions, layout: Seq2SeqLayout, batch: int = 1) -> tuple[float, float]:
