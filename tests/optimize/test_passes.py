@@ -49,6 +49,19 @@ def test_ties_go_to_the_smaller_file_and_an_untimed_entry_is_not_ranked():
     assert fastest([big, small, Entry("slim", True, None)], _speed, lambda e: e.size) is small
 
 
+def test_select_best_ranks_report_dicts_by_the_same_ranking():
+    """select_best (report.json dicts or Variants) ranks with fastest, the ranking choose_best uses."""
+    from onnxport.optimize.choice import select_best
+
+    rows = [{"name": "export", "passed": True, "bytes": 9, "latency_ms": {"1": 10.0}},
+            {"name": "fp16", "passed": False, "bytes": 1, "latency_ms": {"1": 1.0}},
+            {"name": "slim", "passed": True, "bytes": 8, "latency_ms": {"1": 8.0}},
+            {"name": "ort", "passed": True, "bytes": 7, "latency_ms": {"1": 8.0}}]
+    assert select_best(rows)["name"] == "ort"  # 1.25x, tied with slim: the smaller file; the failing fp16 never
+    ranked = fastest(rows, lambda r: 10.0 / r["latency_ms"]["1"], lambda r: r["bytes"], lambda r: r["passed"])
+    assert ranked is select_best(rows)
+
+
 def _copy(src: Path, dst: Path, ctx: object) -> BuildOutcome:
     dst.write_bytes(src.read_bytes() + b"!")
     return BuildOutcome(notes=("copied",))

@@ -9,6 +9,7 @@ from enum import Enum
 from pathlib import Path
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from onnxport.core.diagnostics import Diagnostic
 
@@ -114,13 +115,34 @@ class CheckResult:
 
 @dataclass(frozen=True)
 class Tolerance:
-    """Elementwise pass rule: |onnx - torch| <= atol + rtol * |torch|."""
+    """Elementwise pass rule: |onnx - torch| <= atol + rtol * |torch|, rtol relative to the expected (PyTorch's)
+    value. The one place the rule is written: :meth:`bound`, :meth:`within`, :meth:`allows`."""
 
     atol: float = 1e-4
     rtol: float = 1e-3
 
     def to_dict(self) -> dict:
         return {"atol": self.atol, "rtol": self.rtol}
+
+    def bound(self, expected: ArrayLike) -> np.ndarray:
+        """The error allowed at each element of ``expected``: ``atol + rtol * |expected|``, in ``expected``'s own
+        float dtype (a float32 reference gives a float32 bound; Python numbers a float64 one). A NaN in
+        ``expected`` gives a NaN bound, which nothing is within."""
+        return self.atol + self.rtol * np.abs(expected)
+
+    def within(self, error: ArrayLike, expected: ArrayLike, times: float = 1.0) -> np.ndarray:
+        """``error <= times * bound(expected)`` elementwise (broadcast), for an error the caller measured itself
+        (its own NaN and infinity rules); a NaN error is never within."""
+        bound = self.bound(expected)
+        return np.less_equal(error, bound if times == 1.0 else times * bound)
+
+    def allows(self, actual: ArrayLike, expected: ArrayLike, times: float = 1.0) -> np.ndarray:
+        """``|actual - expected| <= times * (atol + rtol * |expected|)`` elementwise (broadcast): the bool array
+        of the elements that pass. A NaN on either side fails (two NaNs too), as does an infinity (its
+        difference is NaN or infinite)."""
+        with np.errstate(invalid="ignore"):
+            error = np.abs(np.subtract(actual, expected))
+        return self.within(error, expected, times)
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,7 @@ def step_case(sess, wrapper: nn.Module, layout: CacheLayout, batch: int, past: i
         diff = np.abs(g.astype(np.float64) - w)
         abs_errs.append(float(diff.max(initial=0.0)))
         rel = max(rel, float((diff / np.maximum(np.abs(w), 1e-12)).max(initial=0.0)))
-        ok = ok and bool(np.all(diff <= tolerance.atol + tolerance.rtol * np.abs(w)))
+        ok = ok and bool(np.all(tolerance.within(diff, w)))
     return StepCase(batch, past, new, abs_errs[0], max(abs_errs[1:], default=0.0), rel, ok)
 
 

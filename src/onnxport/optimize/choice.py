@@ -43,6 +43,7 @@ from onnxport.optimize.passes import (
     choose_best,
     clearly_faster,
     each_variant,
+    fastest,
     install_best,
 )
 from onnxport.optimize.plan import DEFAULT_BUDGET_S, Plan, default_plan
@@ -95,7 +96,10 @@ def select_best(entries: Sequence[Variant | Mapping[str, Any]]) -> Variant | Map
     batch's p50 relative to the export's at that batch: a variant 3 % faster at batch 1 and 25 % slower at
     batch 8 does not win); ties: the smaller file. The speedup recorded in ``details["geomean_speedup"]`` is used
     where present, else it is computed from ``latency_ms`` against the export entry (against the fastest entry at
-    each batch when there is none, which ranks the same). None when no entry passed and was timed."""
+    each batch when there is none, which ranks the same). None when no entry passed and was timed.
+
+    The ranking is :func:`~onnxport.optimize.passes.fastest`, the one :func:`~onnxport.optimize.passes.choose_best`
+    ranks by; the 5 % rule (keeping the export unless the top one is clearly faster) is ``choose_best``'s alone."""
 
     def get(e, key):
         return e.get(key) if isinstance(e, Mapping) else getattr(e, key)
@@ -115,10 +119,7 @@ def select_best(entries: Sequence[Variant | Mapping[str, Any]]) -> Variant | Map
         recorded = (get(e, "details") or {}).get("geomean_speedup")
         return float(recorded) if recorded is not None else geomean_speedup(lat(e), base)
 
-    ok = [(s, e) for e in timed if (s := score(e)) is not None]
-    if not ok:
-        return None
-    return min(ok, key=lambda se: (-se[0], get(se[1], "bytes") or 0))[1]
+    return fastest(timed, score, lambda e: get(e, "bytes"), lambda e: get(e, "passed"))
 
 
 # --------------------------------------------------------------------------- timing

@@ -55,13 +55,17 @@ class Entry(Protocol):
 
 
 E = TypeVar("E", bound=Entry)
+T = TypeVar("T")
 
 
-def fastest(entries: Sequence[E], speedup: Callable[[E], float | None],
-            size: Callable[[E], int | None] = lambda e: None) -> E | None:
+def fastest(entries: Sequence[T], speedup: Callable[[T], float | None],
+            size: Callable[[T], int | None] = lambda e: None,
+            passed: Callable[[T], bool] = lambda e: e.passed) -> T | None:
     """The passing entry with the highest ``speedup`` (ties: the smaller ``size``); None when none passed with
-    a speedup."""
-    ranked = [(s, e) for e in entries if e.passed and (s := speedup(e)) is not None]
+    a speedup. The one ranking every best-selection uses (:func:`choose_best`, and
+    :func:`~onnxport.optimize.choice.select_best` over report.json dicts, which reads ``passed`` through its
+    own accessor)."""
+    ranked = [(s, e) for e in entries if passed(e) and (s := speedup(e)) is not None]
     if not ranked:
         return None
     return min(ranked, key=lambda se: (-se[0], size(se[1]) or 0))[1]

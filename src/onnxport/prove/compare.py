@@ -148,10 +148,11 @@ def compare_arrays(ref: np.ndarray, got: np.ndarray, tol: Tolerance, scale: np.n
     diff[np.isnan(diff)] = np.inf
     if not diff.size:
         return 0.0, 0.0, True
-    bound = tol.atol + tol.rtol * np.abs(np.nan_to_num(r, posinf=0.0, neginf=0.0))
+    finite_r = np.nan_to_num(r, posinf=0.0, neginf=0.0)
+    bound = tol.bound(finite_r)
     if scale is not None:
-        bound = np.maximum(bound, tol.atol + tol.rtol * np.asarray(scale, dtype=np.float64))
-    rel = diff / np.maximum(np.abs(np.nan_to_num(r, posinf=0.0, neginf=0.0)), tol.atol)
+        bound = np.maximum(bound, tol.bound(np.asarray(scale, dtype=np.float64)))
+    rel = diff / np.maximum(np.abs(finite_r), tol.atol)
     return float(diff.max()), float(rel.max()), bool((diff <= bound).all())
 
 
@@ -331,7 +332,7 @@ def index_agreement(ref: np.ndarray, got: np.ndarray, src: IndexSource, tol: Tol
         diff = np.abs(at_got - at_ref)
     diff[np.isnan(at_ref) & np.isnan(at_got)] = 0.0
     diff[np.isnan(diff)] = np.inf
-    tie = diff <= tol.atol + tol.rtol * np.abs(np.nan_to_num(at_ref))
+    tie = tol.within(diff, np.nan_to_num(at_ref))
     distinct = True
     if src.distinct and g.size:
         ordered = np.sort(np.moveaxis(g, dim, -1), axis=-1)
@@ -380,13 +381,12 @@ def topk_agreement(ref: np.ndarray, got: np.ndarray, tol: Tolerance, k: int = 5)
     top1 = topk = 0
     for rr, gg in zip(r, g):
         order = np.argsort(-rr, kind="stable")
-        bound = tol.atol + tol.rtol * abs(rr[order[0]])
         g1 = int(np.argmax(gg))
-        top1 += g1 == order[0] or rr[order[0]] - rr[g1] <= bound
+        top1 += g1 == order[0] or tol.within(rr[order[0]] - rr[g1], rr[order[0]])
         kth = rr[order[k - 1]]
         want = set(order[:k].tolist())
         have = set(np.argsort(-gg, kind="stable")[:k].tolist())
-        topk += all(abs(rr[i] - kth) <= tol.atol + tol.rtol * abs(kth) for i in want ^ have)
+        topk += all(tol.allows(rr[i], kth) for i in want ^ have)
     n = len(r)
     return {"compare": "topk", "k": k, "top1_agree": top1 / n, "topk_agree": topk / n,
             "passed": top1 == n and topk == n}

@@ -106,7 +106,7 @@ def mask_ious(ref: np.ndarray, got: np.ndarray, tol: Tolerance, threshold: float
     the threshold may flip with rounding alone. A pair with no clear pixel set on either side has IoU 1."""
     r = ref.reshape(len(ref), -1).astype(np.float64)
     g = got.reshape(len(got), -1).astype(np.float64)
-    clear = np.abs(r - threshold) > 10 * (tol.atol + tol.rtol * threshold)
+    clear = np.abs(r - threshold) > 10 * tol.bound(threshold)
     rb, gb = (r > threshold) & clear, (g > threshold) & clear
     inter = (rb & gb).sum(1)
     union = (rb | gb).sum(1)
@@ -189,14 +189,12 @@ def match_detections(ref: dict[str, np.ndarray], got: dict[str, np.ndarray], tol
     reduced = tol.rtol > 2e-3
     iou = box_iou(r[0], g[0])
     same = r[2][:, None] == g[2][None, :]
-    s_bound = tol.atol + tol.rtol * np.abs(r[1])[:, None]
-    scores_ok = np.abs(r[1][:, None] - g[1][None, :]) <= 10 * s_bound
-    c_bound = tol.atol + tol.rtol * np.abs(r[0])[:, None, :]
-    corners_ok = (np.abs(r[0][:, None, :] - g[0][None, :, :]) <= 10 * c_bound).all(-1)
+    scores_ok = tol.allows(g[1][None, :], r[1][:, None], times=10)
+    corners_ok = tol.allows(g[0][None, :, :], r[0][:, None, :], times=10).all(-1)
     pairs = _pairs(iou, same, scores_ok, 0.75 if reduced else 0.9, corners_ok)
     box_err = max((float(np.abs(r[0][i] - g[0][j]).max()) for i, j in pairs), default=0.0)
     score_err = max((abs(float(r[1][i] - g[1][j])) for i, j in pairs), default=0.0)
-    margin = max(10 * score_err, 10 * (tol.atol + tol.rtol * (params.score_thresh or 0.0)))
+    margin = max(10 * score_err, 10 * float(tol.bound(params.score_thresh or 0.0)))
     left_r = [i for i in range(len(r[1])) if i not in {p[0] for p in pairs}]
     left_g = [j for j in range(len(g[1])) if j not in {p[1] for p in pairs}]
     border = sum(_borderline(i, r, g, margin, params) for i in left_r) + \
@@ -227,7 +225,7 @@ def _paired_parts(ref: dict, got: dict, pairs: list[tuple[int, int]], boxes: np.
         if "keypoints_scores" in ref and "keypoints_scores" in got and len(pairs):
             rs = np.asarray(ref["keypoints_scores"], dtype=np.float64)[i]
             gs = np.asarray(got["keypoints_scores"], dtype=np.float64)[j]
-            tied = np.abs(rs - gs) <= tol.atol + tol.rtol * np.abs(rs)  # the same peak value: a heatmap tie
+            tied = tol.allows(gs, rs)  # the same peak value: a heatmap tie
         dist = keypoint_distances(rk[i], gk[j], boxes[i], tied) if len(pairs) else np.zeros(0)
         out.update(keypoint_err=float(dist.max(initial=0.0)),
                    keypoint_failed=int((dist > KEYPOINT_DIST[reduced]).sum()))

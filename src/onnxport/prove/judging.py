@@ -150,7 +150,7 @@ def compare_accuracy(got: RunResults, want: RunResults, tolerance: Tolerance | N
             diff = np.abs(np.asarray(g, np.float64) - w64)
             case_worst = max(case_worst, float(diff.max(initial=0.0)) if np.all(np.isfinite(diff)) else float("inf"))
             if tolerance is not None:
-                within = within and bool(np.all(diff <= tolerance.atol + tolerance.rtol * np.abs(w64)))
+                within = within and bool(np.all(tolerance.within(diff, w64)))
         worst = max(worst, case_worst)
         if not within:
             outside.append((label, f"max abs err {case_worst:.3g}"))

@@ -54,7 +54,7 @@ def _errors(got, want, tolerance: Tolerance) -> tuple[float, bool, str | None]:
             return float("inf"), False, f"shape {list(g.shape)} where PyTorch gives {list(w.shape)}"
         diff = np.abs(g.astype(np.float64) - w)
         worst = max(worst, float(diff.max(initial=0.0)))
-        ok = ok and bool(np.all(diff <= tolerance.atol + tolerance.rtol * np.abs(w)))
+        ok = ok and bool(np.all(tolerance.within(diff, w)))
     return worst, ok, None
 
 
