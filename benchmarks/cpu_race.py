@@ -30,12 +30,12 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from onnxport import environment, optimize  # noqa: E402
+from onnxport import optimize  # noqa: E402
 from onnxport.api import load_model  # noqa: E402
 from onnxport.bench import stats, timed_blocks  # noqa: E402
 from onnxport.core.samples import export_sizes, make_inputs  # noqa: E402
 from onnxport.exporters.chain import export  # noqa: E402
-from onnxport.runtime import SessionBackend, open_for  # noqa: E402
+from onnxport.runtime import SessionBackend, environment, open_for  # noqa: E402
 from onnxport.runtime.backends import OpenVinoBackend, OrtBackend, TorchBackend, default_threads  # noqa: E402
 from onnxport.runtime.feeds import input_mapping  # noqa: E402
 

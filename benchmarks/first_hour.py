@@ -66,7 +66,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="a tiny model instead of the demo's three")
     ap.add_argument("--out", default=str(RESULTS), help="where the JSON goes")
     args = ap.parse_args()
-    from onnxport import environment
+    from onnxport.runtime import environment
 
     models = smoke_models() if args.smoke else demo_models()
     rows = []

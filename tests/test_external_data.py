@@ -14,8 +14,8 @@ import pytest
 from onnxport import api
 from onnxport.core.errors import UsageError
 from onnxport.core.onnxfile import copy_model, external_data_files
-from onnxport.deploy import triton_repository
 from onnxport.serve import serve_app
+from onnxport.serve.repository import triton_repository
 from tests.conftest import MODELS, load_report, run_cli
 from tests.serve.test_serve import post, running
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from onnxport import diagnose, families, optimize, report, rootcause, runtime
+from onnxport import families, optimize, report, runtime
 from onnxport.bench import run as bench_run
 from onnxport.bench import sizes_at
 from onnxport.core import signals
@@ -36,6 +36,7 @@ from onnxport.core.outdir import RESULT_FILES, check_out, output_folder
 from onnxport.core.records import BatchInvariance, ExportResult, Failure
 from onnxport.core.samples import sweep_cases, validation_cases
 from onnxport.core.spec import Dim, InputSpec
+from onnxport.diagnose import explain, rootcause
 from onnxport.exporters import functions
 from onnxport.exporters.chain import candidates as export_candidates
 from onnxport.exporters.strategies import CONTROL_FLOW
@@ -212,7 +213,7 @@ def _export(run: Run) -> Run:
     """The exporter chain into the scratch folder (its first file); a failure ends the run with the attempts and
     their causes."""
     loaded, ex = run.loaded, run.options.export
-    diags: list[Diagnostic] = list(loaded.diagnostics) + diagnose.static_traps(loaded)
+    diags: list[Diagnostic] = list(loaded.diagnostics) + explain.static_traps(loaded)
     customs = functions.discover_loaded(loaded)  # autograd.Functions with symbolic(): reported, exported as their ops
     run.progress(f"exporting ({ex.exporter})")
     t = time.perf_counter()
@@ -222,8 +223,8 @@ def _export(run: Run) -> Run:
         result = next(found)
     except ExportFailed as e:
         run = run.timed(export=time.perf_counter() - t)
-        diags.extend(diagnose.enrich(list(e.diagnostics), loaded, ()))
-        diags.extend(diagnose.explain_attempts(e.attempts, loaded, failed=True))
+        diags.extend(explain.enrich(list(e.diagnostics), loaded, ()))
+        diags.extend(explain.explain_attempts(e.attempts, loaded, failed=True))
         diags.append(error("export-failed", e.message, hint=e.hint))
         outcome = Outcome(loaded, run.options.command, tuple(rootcause.rank(diags)), dict(run.timings),
                           attempts=e.attempts, log=run.options.log_name, custom_functions=customs)
@@ -235,15 +236,15 @@ def _export(run: Run) -> Run:
 def _exported(run: Run, result: ExportResult, customs: tuple = ()) -> Run:
     """``run`` with ``result`` as its export, and the outcome that says how it was made."""
     loaded = run.loaded
-    diags: list[Diagnostic] = list(loaded.diagnostics) + diagnose.static_traps(loaded)
-    explained = diagnose.explain_attempts(result.attempts, loaded, failed=False)
+    diags: list[Diagnostic] = list(loaded.diagnostics) + explain.static_traps(loaded)
+    explained = explain.explain_attempts(result.attempts, loaded, failed=False)
     kept = next((a for a in result.attempts if a.ok and a.exporter == result.exporter and not a.frozen
                  and not a.unproven), None)
     if kept is not None and (kept.exporter in CONTROL_FLOW or any(a.unproven for a in result.attempts)):
         explained = [dataclasses.replace(d, severity="info") for d in explained]  # a later strategy made up for it
     diags.extend(explained)
     diags.extend(result.diagnostics)
-    diags.extend(diagnose.lost_control_flow(result, loaded))
+    diags.extend(explain.lost_control_flow(result, loaded))
     return run.but(result=result, outcome=Outcome(loaded, run.options.command, tuple(diags), dict(run.timings),
                                                   custom_functions=customs))
 
@@ -254,7 +255,7 @@ def _adopt(run: Run) -> Run:
     model = read_graph(path)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     result = ExportResult(path, "external", int(opset), 0.0, (), bool(external_data_files(path)))
-    diags = tuple(run.loaded.diagnostics) + tuple(diagnose.static_traps(run.loaded))
+    diags = tuple(run.loaded.diagnostics) + tuple(explain.static_traps(run.loaded))
     return run.but(result=result, outcome=Outcome(run.loaded, run.options.command, diags, dict(run.timings)))
 
 
@@ -428,16 +429,16 @@ def _check_and_compare(run: Run, diags: list[Diagnostic], localize_failure: bool
     checked = check(result.path, loaded.inputs, loaded.dims)
     timings["check"] = time.perf_counter() - t
     diags.extend(checked.diagnostics)
-    diags = diagnose.enrich(diags, loaded, result.guards)
+    diags = explain.enrich(diags, loaded, result.guards)
     run.progress("proving parity with PyTorch")
     t = time.perf_counter()
     cases = validation_cases(loaded.dims)
     sweep = sweep_cases(loaded.dims, cases)  # every size of a short range (batch 1..16), while cheap
-    diags.extend(diagnose.runtime_traps(loaded, cases[0]))
+    diags.extend(explain.runtime_traps(loaded, cases[0]))
     extra, sites = branches.cover(loaded, result.path, cases, result.guards)
     cases += extra
     placed, sess = _placed_session(run, checked.nodes)
-    diags.extend(diagnose.placement(placed, result))
+    diags.extend(explain.placement(placed, result))
     loaded = runtime.loaded_on_device(loaded, run.device)
     with _strict_on_gpu(run.device):  # fp32 proven as fp32: TF32 off on both sides (onnxruntime's in GpuOptions)
         t_refs = time.perf_counter()
@@ -445,7 +446,7 @@ def _check_and_compare(run: Run, diags: list[Diagnostic], localize_failure: bool
         parity = compare(loaded, result.path, cases=cases, tolerance=tolerance, dim_checks=checked.dynamic_dims,
                          sess=sess, refs=refs, sweep=sweep, spent_before=time.perf_counter() - t_refs)
     del sess
-    diags.extend(diagnose.unreached_branches(sites, loaded))
+    diags.extend(explain.unreached_branches(sites, loaded))
     timings["parity"] = time.perf_counter() - t
     diags.extend(parity.diagnostics)
     divergence = None
@@ -456,13 +457,13 @@ def _check_and_compare(run: Run, diags: list[Diagnostic], localize_failure: bool
         divergence = localize.find(loaded, result.path, failing[0][0], tolerance, providers=run.providers())
         timings["localize"] = time.perf_counter() - t
         if divergence is not None:
-            diags.append(diagnose.explain_divergence(divergence, loaded, diags))
+            diags.append(explain.explain_divergence(divergence, loaded, diags))
     invariance = _batch_invariance(run, loaded, diags) if parity.passed else None
     diags = rootcause.rank(diags, parity, divergence)
     return Outcome(loaded, run.options.command, tuple(diags), dict(timings), export=result, check=checked,
                    parity=parity, batch_invariance=invariance, branches=tuple(sites), placement=placed,
                    divergence=divergence,
-                   divergence_module=diagnose.label(loaded, divergence.module) if divergence else None), refs
+                   divergence_module=explain.label(loaded, divergence.module) if divergence else None), refs
 
 
 def _batch_invariance(run: Run, loaded: LoadedModel, diags: list[Diagnostic]) -> BatchInvariance | None:

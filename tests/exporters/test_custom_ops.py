@@ -11,8 +11,9 @@ import onnxruntime_extensions as ortx
 import pytest
 import torch
 
-from onnxport import api, custom_ops
+from onnxport import api
 from onnxport.core.errors import UsageError
+from onnxport.exporters import custom_ops
 from onnxport.runtime.sessions import session
 from tests.conftest import FIXTURES, ROOT, load_report, run_cli
 

@@ -75,7 +75,7 @@ def test_plan_takes_the_cpu_into_account(monkeypatch):
 
 def test_the_cpu_features_can_be_given(monkeypatch):
     """$ONNXPORT_CPU_FLAGS plans as if the CPU had only those features, and says what it really has."""
-    from onnxport import environment
+    from onnxport.runtime import environment
 
     monkeypatch.setenv("ONNXPORT_CPU_FLAGS", "avx2, fma")
     got = environment.cpu()

@@ -9,7 +9,9 @@ import sys
 
 import torch
 
-from onnxport import environment, runtime
+from onnxport import runtime
+from onnxport.diagnose.machine import doctor
+from onnxport.runtime import environment
 from onnxport.runtime.sessions import GpuOptions, provider_chain
 from tests.conftest import MODELS, ROOT
 
@@ -104,7 +106,7 @@ def test_the_library_probe():
 
 
 def test_doctor_reports_whether_tensorrt_and_cudnn_load():
-    data = environment.doctor(probe=_without_tensorrt, available=GPU_BUILD)
+    data = doctor(probe=_without_tensorrt, available=GPU_BUILD)
     assert data["gpu_libraries"]["tensorrt"] == {
         "loads": False, "library": None, "tried": ["libnvinfer.so.10", "libnvinfer.so.8", "libnvinfer.so"]}
     assert data["gpu_libraries"]["cudnn"]["loads"] and data["gpu_libraries"]["cudnn"]["library"] == "libcudnn.so.9"
@@ -112,4 +114,4 @@ def test_doctor_reports_whether_tensorrt_and_cudnn_load():
                                              "libnvinfer.so); cuDNN: loads (libcudnn.so.9)")
     assert len(data["providers_unloadable"]) == 1 and "TensorrtExecutionProvider" in data["providers_unloadable"][0]
     assert data["providers"] == GPU_BUILD
-    assert environment.doctor(probe=lambda name: True, available=GPU_BUILD)["providers_unloadable"] == []
+    assert doctor(probe=lambda name: True, available=GPU_BUILD)["providers_unloadable"] == []

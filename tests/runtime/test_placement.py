@@ -9,9 +9,10 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from onnxport import diagnose, runtime
+from onnxport import runtime
 from onnxport.core.errors import UsageError
 from onnxport.core.records import Attempt, ExportResult
+from onnxport.diagnose import explain
 from onnxport.exporters.opsets import candidate_opsets, lower_opsets, placement_problem
 from onnxport.runtime.placement import classify, forced_to_cpu, shape_node_names
 from onnxport.runtime.sessions import CPU, CUDA, TENSORRT
@@ -145,7 +146,7 @@ def test_placement_diagnostics_name_the_ops_and_the_fix():
     placed = _placed(RESNET_23, available=[TENSORRT, CUDA, CPU], probe=never)
     assert len(placed.providers_unloadable) == 1 and "libnvinfer.so.10" in placed.providers_unloadable[0]
     result = ExportResult("m.onnx", "dynamo", 23, 1.0, (Attempt("dynamo", True, 1.0, 23),), False)
-    diags = diagnose.placement(placed, result)
+    diags = explain.placement(placed, result)
     assert [(d.severity, d.code) for d in diags] == [("warning", "provider-unloadable"), ("warning", "cpu-compute-node")]
     cpu = diags[1]
     assert cpu.message.startswith("3 compute node(s) run on the CPU under --device cuda (ReorderInput, MaxPool, "
@@ -154,10 +155,10 @@ def test_placement_diagnostics_name_the_ops_and_the_fix():
     assert cpu.hint.startswith("export with --opset 21")
     tried = ExportResult("m.onnx", "dynamo", 23, 1.0, (Attempt("dynamo", False, 1.0, 21, "opset 21: MaxPool (m) runs "
                                                                "on the CPU"), Attempt("dynamo", True, 1.0, 23)), False)
-    hint = diagnose.placement(placed, tried)[1].hint
+    hint = explain.placement(placed, tried)[1].hint
     assert "no kernel for ReorderInput, MaxPool-22, ReorderOutput (opset 21 left them there too)" in hint
-    assert diagnose.placement(_placed(RESNET_21), result) == []
-    assert diagnose.placement(runtime.placement_from(GpuSession([CPU]), "cpu", [CPU], ""), result) == []
+    assert explain.placement(_placed(RESNET_21), result) == []
+    assert explain.placement(runtime.placement_from(GpuSession([CPU]), "cpu", [CPU], ""), result) == []
 
 
 # --------------------------------------------------------------------------- verbose logging stays in the sink

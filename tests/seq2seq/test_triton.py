@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from onnxport.core.errors import UsageError
-from onnxport.deploy import triton_repository
+from onnxport.serve.repository import triton_repository
 from tests.seq2seq.tiny import tiny
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from onnxport.deploy import triton_repository
+from onnxport.serve.repository import triton_repository
 from onnxport.serve.triton_env import NUMPY_REQUIREMENT, ModelEnvironment, environment_problems
 from tests.seq2seq.conftest import MAX_LENGTH
 from tests.seq2seq.test_triton import _rows
@@ -159,7 +159,7 @@ def test_triton_warns_when_the_environment_cannot_work(t5_out, tmp_path, monkeyp
 
     from onnxport.cli import app
 
-    monkeypatch.setattr("onnxport.deploy.check", lambda env: [f"onnxruntime {env.onnxruntime} requires numpy>=2"])
+    monkeypatch.setattr("onnxport.serve.repository.check", lambda env: [f"onnxruntime {env.onnxruntime} requires numpy>=2"])
     result = CliRunner().invoke(app, ["triton", str(t5_out), "--repo", str(tmp_path / "repo"), "--name", "t5"])
     assert result.exit_code == 0, result.output
     assert "warning: onnxruntime" in result.output and "requires numpy>=2" in result.output

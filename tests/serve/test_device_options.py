@@ -55,7 +55,7 @@ def test_the_model_source_reads_best_session_options_into_the_record(tmp_path):
 
 
 def test_triton_reads_best_session_options_into_the_record(tmp_path):
-    from onnxport.deploy import _read_out
+    from onnxport.serve.repository import _read_out
 
     _out(tmp_path, {"provider": "CUDAExecutionProvider", "use_tf32": True, "enable_cuda_graph": "1"})
     assert _read_out(tmp_path)[4] == SessionOptions(CUDA, use_tf32=True, enable_cuda_graph=True)

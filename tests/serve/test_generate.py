@@ -311,7 +311,7 @@ def test_concurrent_requests_and_a_client_that_leaves(server, llm):
 
 def test_triton_repository_of_a_decoder_keeps_its_tokenizer(llm, tmp_path):
     """`onnxport triton OUT/ --repo R` copies tokenizer/ into R/<name>/1/, and `serve R/` answers text with it."""
-    from onnxport.deploy import triton_repository
+    from onnxport.serve.repository import triton_repository
 
     made = triton_repository(llm["out"], tmp_path / "repo")
     assert (made.model_dir / "1" / "tokenizer" / "tokenizer.json").is_file()

@@ -12,9 +12,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnxport.core.errors import UsageError
-from onnxport.deploy import triton_repository
 from onnxport.runtime.sessions import OrtOptions
 from onnxport.serve.models import discover, signature
+from onnxport.serve.repository import triton_repository
 from onnxport.serve.served import Metrics, device_options, load
 from onnxport.serve.triton import model_config
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxport import environment
+from onnxport.runtime import environment
 from onnxport.runtime.backends import default_threads
 from onnxport.runtime.openvino import bf16_missing
 from onnxport.runtime.sessions import session

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 
-from onnxport import environment
 from onnxport.bench.flopcount import flops
 from onnxport.bench.harness import stats, timed_blocks
 from onnxport.bench.peak import backend_precision, cache_dir, device_peak, peak_gflops
@@ -30,6 +29,7 @@ from onnxport.core.logs import Progress, noop
 from onnxport.core.options import BenchOptions
 from onnxport.core.samples import export_sizes, make_inputs, shapes_for
 from onnxport.core.spec import InputSpec
+from onnxport.runtime import environment
 from onnxport.runtime.backends import (
     Backend,
     OpenVinoBackend,

@@ -317,9 +317,9 @@ def triton(out: Annotated[Path, typer.Argument(help="an output folder (or a .onn
            json_out: JsonOpt = False, force: ForceOpt = False) -> None:
     """Write a Triton Inference Server model repository and a KServe InferenceService manifest."""
     from onnxport.core.errors import UsageError
-    from onnxport.deploy import triton_repository
     from onnxport.serve import check_limits
     from onnxport.serve.models import check_model_name, check_repository_folder
+    from onnxport.serve.repository import triton_repository
 
     # every option is checked before the model is read
     check_limits(max_batch=max_batch, max_delay_ms=max_delay_ms, flags=True)
@@ -383,7 +383,7 @@ def report_cmd(out: Annotated[Path, typer.Argument(help="an output folder holdin
 @_guard
 def doctor(json_out: JsonOpt = False) -> None:
     """Versions of torch/onnx/onnxruntime, providers, max opsets, CPU features."""
-    from onnxport.environment import doctor as gather
+    from onnxport.diagnose.machine import doctor as gather
 
     info = gather()
     if json_out:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from onnxport import rootcause
 from onnxport.core.diagnostics import Diagnostic, info, warning
 from onnxport.core.greedy import GreedyRules
 from onnxport.decoder.flow import MAX_LENGTH, run_model
@@ -11,6 +10,7 @@ from onnxport.decoder.outcome import to_outcome
 from onnxport.decoder.prove import NEW_TOKENS
 from onnxport.decoder.records import CacheVariants
 from onnxport.decoder.tokenizer import save_tokenizer
+from onnxport.diagnose import rootcause
 from onnxport.families import Run
 
 

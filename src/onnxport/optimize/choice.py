@@ -15,7 +15,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from onnxport import environment
 from onnxport.bench import bench_sizes, sizes_at, stats, timed_blocks
 from onnxport.core.errors import OnnxportError, UsageError
 from onnxport.core.logs import Progress, noop
@@ -60,6 +59,7 @@ from onnxport.optimize.result import (
 from onnxport.optimize.sensitivity import build_int8_searched
 from onnxport.prove import batching
 from onnxport.prove.samples import SampleRefs
+from onnxport.runtime import environment
 from onnxport.runtime.backends import OrtBackend, default_threads
 from onnxport.runtime.feeds import FeedMap
 from onnxport.runtime.sessions import CPU, TENSORRT

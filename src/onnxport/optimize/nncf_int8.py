@@ -22,7 +22,6 @@ from pathlib import Path
 
 import onnx
 
-from onnxport import environment
 from onnxport.core.logs import captured_output
 from onnxport.core.onnxfile import file_bytes, inline_limit
 from onnxport.core.samples import Case, make_inputs, validation_cases
@@ -39,6 +38,7 @@ from onnxport.optimize.sensitivity import (
     qdq_switch_model,
     worst_rows,
 )
+from onnxport.runtime import environment
 from onnxport.runtime.feeds import FeedMap
 from onnxport.runtime.sessions import session
 from onnxport.sources.base import LoadedModel

@@ -22,11 +22,11 @@ import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 
-from onnxport import environment
 from onnxport.core.diagnostics import Diagnostic, info
 from onnxport.core.errors import one_line
 from onnxport.optimize.context import BuildContext, BuildOutcome, Skip
 from onnxport.optimize.result import SkipReason, Variant
+from onnxport.runtime import environment
 from onnxport.runtime.openvino import LATENCY, OPENVINO, bf16_missing, openvino_missing, openvino_version
 from onnxport.runtime.sessions import session
 from onnxport.runtime.variant_sessions import SessionOptions, is_openvino, open_for

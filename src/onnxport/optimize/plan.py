@@ -38,11 +38,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from onnxport.environment import int8_dot
 from onnxport.optimize import openvino as ov_variants
 from onnxport.optimize.fusion import transformer_params
 from onnxport.optimize.gpu import tensorrt_missing
 from onnxport.optimize.result import ALL_VARIANTS, OPENVINO_VARIANTS, VARIANTS, SkipReason
+from onnxport.runtime.environment import int8_dot
 from onnxport.sources.base import LoadedModel
 
 FP16_FLAGS = ("asimdhp",)  # CPU features onnxruntime's CPU provider has fp16 matmul kernels for (Arm fp16)

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import onnx
 
-from onnxport import environment
 from onnxport.core.onnxfile import file_bytes, inline_limit
 from onnxport.core.samples import make_inputs, validation_cases
 from onnxport.optimize.context import BuildContext, BuildOutcome, Refs, Skip, sample_refs
@@ -25,6 +24,7 @@ from onnxport.optimize.graph import is_cnn, matmul_weights, replace_model
 from onnxport.optimize.policy import metric_margin, task_metrics
 from onnxport.prove import samples as proving_samples
 from onnxport.prove.samples import SampleRefs
+from onnxport.runtime import environment
 from onnxport.runtime.feeds import FeedMap
 from onnxport.runtime.sessions import session
 from onnxport.sources.base import LoadedModel

@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from onnxport import environment
 from onnxport.bench import BenchResult
 from onnxport.core.diagnostics import Diagnostic
 from onnxport.core.records import (
@@ -28,7 +27,7 @@ from onnxport.core.version import __version__
 from onnxport.optimize import OptimizeResult
 from onnxport.prove.branches import Site
 from onnxport.prove.samples import SampleProof
-from onnxport.runtime import Placement
+from onnxport.runtime import Placement, environment
 from onnxport.sources.base import LoadedModel
 
 
@@ -82,7 +81,7 @@ class Outcome:
     branches: tuple[Site, ...] = ()
     placement: Placement | None = None
     divergence: Divergence | None = None
-    divergence_module: str | None = None  # the divergence's module as the user knows it (diagnose.label)
+    divergence_module: str | None = None  # the divergence's module as the user knows it (diagnose.explain.label)
     model_path: str | None = None  # where the export now lies (a name in OUT, or the user's file)
     optimized: OptimizeResult | None = None
     stage_seconds: Mapping[str, float] = field(default_factory=dict)  # optimize / bench, rounded in the report

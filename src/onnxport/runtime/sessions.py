@@ -360,7 +360,7 @@ def _load_error(source: str | Path | onnx.ModelProto, e: Exception) -> UsageErro
     hint = "run 'onnxport check' on the file; the model may use an operator or opset this onnxruntime lacks"
     if "is not a registered function/op" in msg:
         hint = ("the model uses a custom operator: pass its compiled library with --custom-op-library, or "
-                "register a Python implementation with onnxport.custom_ops.ort_python_op (docs/custom_ops.md)")
+                "register a Python implementation with onnxport.exporters.custom_ops.ort_python_op (docs/custom_ops.md)")
     name = Path(source).name if isinstance(source, (str, Path)) else f"the model '{source.graph.name}'"
     return UsageError(f"onnxruntime cannot load {name}: {msg}", hint)
 

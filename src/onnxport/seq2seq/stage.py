@@ -5,13 +5,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from onnxport import rootcause
 from onnxport.core.diagnostics import Diagnostic, info
 from onnxport.core.errors import UsageError
 from onnxport.core.options import Options
 from onnxport.decoder.applies import bench_label
 from onnxport.decoder.records import CacheVariants, DecoderVariants
 from onnxport.decoder.stage import export_notes
+from onnxport.diagnose import rootcause
 from onnxport.families import Run
 from onnxport.optimize.registry import SEQ2SEQ, chosen
 from onnxport.seq2seq.flow import MAX_LENGTH, run_model

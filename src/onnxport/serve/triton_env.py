@@ -111,7 +111,7 @@ def model_environment(files: list[Path], report: dict | None) -> ModelEnvironmen
 def check(env: ModelEnvironment) -> list[str]:
     """:func:`environment_problems` for ``env``, the numpy requirements read from the installed onnxruntime when it
     is the release that made the files (else unknown: no warning)."""
-    from onnxport.environment import onnxruntime_package
+    from onnxport.runtime.environment import onnxruntime_package
 
     installed = onnxruntime_package()
     if not env.onnxruntime or installed.get("onnxruntime") != env.onnxruntime:

@@ -1,4 +1,6 @@
-"""Triton model repository (config.pbtxt + versioned model) and a KServe InferenceService manifest."""
+"""Triton model repository (config.pbtxt + versioned model) and a KServe InferenceService manifest: what
+``onnxport triton`` writes (the public entry :func:`triton_repository`, also importable as
+``onnxport.deploy.triton_repository``)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ from onnxport.core.greedy import PROCESSORS_FILE
 from onnxport.core.onnxfile import external_data_files
 from onnxport.runtime.sessions import OrtOptions
 from onnxport.runtime.variant_sessions import SessionOptions
-from onnxport.seq2seq.records import FEATURE_EXTRACTOR_FILE, FILES
 from onnxport.serve.models import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_DELAY_MS,
@@ -25,6 +26,7 @@ from onnxport.serve.models import (
     tuned_options,
 )
 from onnxport.serve.models import signature as read_signature
+from onnxport.serve.speech import FEATURE_EXTRACTOR_FILE
 from onnxport.serve.triton import config_pbtxt, model_config, seq2seq_config_pbtxt, seq2seq_model_config
 from onnxport.serve.triton_env import ModelEnvironment, check, model_environment
 
@@ -214,22 +216,22 @@ def _seq2seq_repository(out: Path, with_past: Path, name: str, model_dir: Path, 
     if gpu:
         raise UsageError("--gpu does not apply to an encoder-decoder: its python-backend model.py runs onnxruntime "
                          "on the CPU", "leave --gpu out (or serve it with onnxport serve OUT/)")
-    layout = _seq2seq_layout(out)
+    layout, family = _seq2seq_layout(out), families.get("seq2seq")
     config = seq2seq_model_config(layout, name, instance_count=instance_count, threads=threads)
     tmp = _staging(model_dir)
     try:
-        for file in FILES:
+        for file in family.files:
             _copy_onnx(with_past.parent / file, tmp / "1" / file)
         (tmp / "1" / "model.py").write_text(resources.files("onnxport.serve").joinpath("triton_model.py")
                                             .read_text(encoding="utf-8"), encoding="utf-8")
         (tmp / "1" / PROCESSORS_FILE).write_text(resources.files("onnxport.core").joinpath("greedy.py")
                                                  .read_text(encoding="utf-8"), encoding="utf-8")
-        (tmp / "1" / layout_file(families.get("seq2seq"))).write_text(json.dumps(layout, indent=2) + "\n", encoding="utf-8")
+        (tmp / "1" / layout_file(family)).write_text(json.dumps(layout, indent=2) + "\n", encoding="utf-8")
         if (out / "tokenizer").is_dir():  # serve REPO's generate takes text with it
             shutil.copytree(out / "tokenizer", tmp / "1" / "tokenizer")
         if (out / FEATURE_EXTRACTOR_FILE).is_file():  # ... and audio with this
             shutil.copy2(out / FEATURE_EXTRACTOR_FILE, tmp / "1" / FEATURE_EXTRACTOR_FILE)
-        env = model_environment([tmp / "1" / file for file in FILES], read_report(out))
+        env = model_environment([tmp / "1" / file for file in family.files], read_report(out))
         (tmp / "config.pbtxt").write_text(_with_environment(seq2seq_config_pbtxt(config, layout), env),
                                           encoding="utf-8")
         (tmp / "inferenceservice.yaml").write_text(inference_service(name, model_format="triton"), encoding="utf-8")

@@ -14,8 +14,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from onnxport.core.errors import UsageError
-from onnxport.deploy import triton_repository
 from onnxport.runtime.sessions import OrtOptions
+from onnxport.serve.repository import triton_repository
 from tests.serve.test_serve import fixed_shape_model, mlp_out, reference, running  # noqa: F401 - mlp_out is a fixture
 
 

@@ -6,9 +6,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxport import rootcause
 from onnxport.core.diagnostics import error, warning
 from onnxport.core.records import FP32, CaseResult, Failure, ParityResult
+from onnxport.diagnose import rootcause
 from tests.conftest import FIXTURES, load_report, run_cli
 
 RC = FIXTURES / "rootcause.py"

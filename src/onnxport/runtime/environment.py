@@ -1,4 +1,6 @@
-"""What this machine offers: package versions, providers, opsets, CPU features."""
+"""What this machine offers: package versions (the onnxruntime really imported), platform, CPU features; recorded
+in every report and read by the plans that depend on the CPU. ``onnxport doctor`` adds the providers, GPU libraries
+and opsets (:mod:`onnxport.diagnose.machine`)."""
 
 from __future__ import annotations
 
@@ -7,10 +9,6 @@ import os
 import platform
 from collections.abc import Sequence
 from pathlib import Path
-
-from onnxport.exporters.opsets import exporter_max_opset, onnxruntime_max_opset
-from onnxport.runtime.libraries import Probe, gpu_libraries
-from onnxport.runtime.sessions import unloadable_providers
 
 PACKAGES = ("torch", "torchvision", "onnx", "onnxruntime", "onnxscript", "onnx-ir", "transformers", "timm",
             "onnxslim", "numpy")
@@ -93,34 +91,3 @@ def summary() -> dict:
     """Versions, platform and CPU: recorded in every report."""
     return {"python": platform.python_version(), "platform": platform.platform(), "packages": versions(),
             "cpu": cpu()}
-
-
-def doctor(*, probe: Probe | None = None, available: list[str] | None = None) -> dict:
-    """Everything ``onnxport doctor`` prints. ``gpu_libraries``: whether TensorRT's and cuDNN's libraries load
-    (``probe``: a simulated library probe in tests); ``providers_unloadable``: one line per provider
-    onnxruntime lists but cannot start (``available``: a simulated provider list)."""
-    data = summary()
-    if available is None:
-        try:
-            import onnxruntime as ort
-
-            available = list(ort.get_available_providers())
-        except ImportError:
-            available = []
-    data["providers"] = list(available)
-    libraries = gpu_libraries(probe)
-    data["gpu_libraries"] = {kind: lib.to_dict() for kind, lib in libraries.items()}
-    data["gpu_libraries_summary"] = "; ".join(lib.line() for lib in libraries.values())
-    data["providers_unloadable"] = list(unloadable_providers(available, probe).values())
-    try:
-        import torch
-
-        data["cuda_available"] = bool(torch.cuda.is_available())
-    except ImportError:
-        data["cuda_available"] = False
-    data["max_opset"] = {
-        "dynamo_exporter": exporter_max_opset("dynamo"),
-        "torchscript_exporter": exporter_max_opset("torchscript"),
-        "onnxruntime": onnxruntime_max_opset(),
-    }
-    return data

@@ -1,4 +1,4 @@
-"""Custom operators, the public names in one place (docs/custom_ops.md).
+"""Custom operators, the public names in one place (docs/custom_ops.md; ``onnxport.custom_ops`` is the same module).
 
 Export side (:mod:`onnxport.exporters.functions`): ``autograd.Function`` subclasses with a ``symbolic`` are
 discovered by running the model once and exported as the node their ``symbolic`` emits, by both exporters.
