@@ -96,6 +96,16 @@ def run_pipeline(source: str, out: str | Path, options: Options = Options(), pro
     model and brings the stages."""
     family = families.detect(source, options.load.task, bool(options.load.inputs))
     options = options.checked()
+    parts = family.parts(source) if family.parts is not None else ()
+    if parts:
+        family.refuse(options)
+        return _run_parts(parts, Path(out), options, progress)
+    return _run_family(family, source, out, options, progress)
+
+
+def _run_family(family: Family, source: str, out: str | Path, options: Options, progress: Progress,
+                keywords: dict[str, Any] | None = None) -> dict:
+    """One model of ``family`` through its stages into ``out`` (``keywords``: more for its loader)."""
     if family.variant_kind is not None:
         options = _variants_of(options, family.variant_kind)
     if family.device_first:
@@ -103,14 +113,54 @@ def run_pipeline(source: str, out: str | Path, options: Options = Options(), pro
     options = family.refuse(options)  # before the (slow) load
     if not family.device_first:
         use_runtime(options.runtime)
-    with _loaded_into(out, source, options, progress, family.check_seq, **_family_load_kw(family, options.load)) as run:
+    load_kw = {**_family_load_kw(family, options.load), **(keywords or {})}
+    with _loaded_into(out, source, options, progress, family.check_seq, **load_kw) as run:
+        stages = family.stages or EXPORT_STAGES  # PIPELINE_STAGES: the one pipeline's
         if not family.scratch:
-            return run_stages(family.stages, run)
+            return run_stages(stages, run)
         run = run.but(work=Path(tempfile.mkdtemp(prefix=".onnxport-", dir=run.out)))
         try:
-            return run_stages(family.stages, run)
+            return run_stages(stages, run)
         finally:
             shutil.rmtree(run.work, ignore_errors=True)
+
+
+_WORST = ("export_failed", "validation_failed", "ok")
+
+
+def _run_parts(parts: Sequence[families.Part], out: Path, options: Options, progress: Progress) -> dict:
+    """A model made of several: each part through its own family's stages into ``out/<part>/``, then one report
+    in ``out`` headed by the main part's, with every part's status under ``components``; the worst status is
+    the whole one's (a part that raises stops the run; the parts before it stay complete in their folders)."""
+    check_out(out, options.force)
+    reports: dict[str, dict] = {}
+    for part in parts:
+        progress(f"{part.name}: {part.source}")
+        family = families.detect(part.source, None)
+        reports[part.name] = _run_family(family, part.source, out / part.name, options,
+                                         lambda msg, name=part.name: progress(f"{name}: {msg}"), dict(part.keywords))
+    main = next((p.name for p in parts if p.main), parts[-1].name)
+    rep = dict(reports[main])
+    rep["status"] = min((r["status"] for r in reports.values()), key=_WORST.index)
+    proven = [n for n, r in reports.items() if r["status"] == "ok"]
+    rep["summary"] = (f"{len(proven)}/{len(reports)} models proven ({', '.join(reports)}); "
+                      f"{main}: {reports[main].get('summary', '')}")
+    if rep.get("export", {}).get("path"):
+        rep["export"] = {**rep["export"], "path": f"{main}/{rep['export']['path']}"}
+    rep["components"] = [{"name": p.name, "source": p.source, "status": reports[p.name]["status"],
+                          "summary": reports[p.name].get("summary"), "report": f"{p.name}/report.json",
+                          "file": _part_file(out / p.name, reports[p.name]), "main": p.name == main}
+                         for p in parts]
+    report.write_all(rep, out)
+    return rep
+
+
+def _part_file(folder: Path, rep: dict) -> str | None:
+    """The ONNX file a part's folder holds for use (best, else the proven export), relative to OUT."""
+    for name in ("best.onnx", "model.onnx"):
+        if (folder / name).is_file():
+            return f"{folder.name}/{name}"
+    return None
 
 
 def _family_load_kw(family: Family, load: LoadOptions) -> dict[str, Any]:

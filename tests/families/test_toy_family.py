@@ -97,7 +97,7 @@ def test_without_its_registration_the_source_is_no_family_s():
 
 
 def test_the_built_in_families_and_their_order():
-    assert [f.name for f in families.families()] == ["seq2seq", "decoder", "model"]
+    assert [f.name for f in families.families()] == ["seq2seq", "decoder", "diffusion", "model"]
     assert families.sections() == ("seq2seq", "decoder")
     with pytest.raises(ValueError):
         families.register(families.get("decoder"))

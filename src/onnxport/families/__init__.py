@@ -6,7 +6,9 @@ a family."""
 
 from onnxport.families.registry import (
     FAMILY_MODULES,
+    PIPELINE_STAGES,
     Family,
+    Part,
     detect,
     families,
     get,
@@ -18,7 +20,9 @@ from onnxport.families.run import Run, Stage, Step
 
 __all__ = [
     "FAMILY_MODULES",
+    "PIPELINE_STAGES",
     "Family",
+    "Part",
     "Run",
     "Stage",
     "Step",

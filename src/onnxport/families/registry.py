@@ -5,8 +5,8 @@ section. The built-in families are the ``FAMILY`` of each module in :data:`FAMIL
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from importlib import import_module
 from pathlib import Path
 from typing import Any
@@ -20,9 +20,28 @@ Refuse = Callable[[Options], Options]  # the options when the family takes them 
 Loader = Callable[..., LoadedModel]  # load_model's signature: (source, **load options)
 Served = Callable[[Path, object], "Path | None"]  # (output folder, report.json) -> the file serve and triton take
 
+
+@dataclass(frozen=True)
+class Part:
+    """One model of a model made of several (a diffusion pipeline's text encoders, denoiser and autoencoder
+    halves): its folder in OUT, its source, the keywords its family's loader takes beyond the source, and
+    whether its report heads the whole one (``main``: the model a user serves first)."""
+
+    name: str
+    source: str
+    keywords: Mapping[str, Any] = field(default_factory=dict)
+    main: bool = False
+
+
+Parts = Callable[[str], "tuple[Part, ...]"]  # source -> its parts, each run through the one pipeline (): one model
+
 # The built-in families, in the order detection tries them (the plain model, whose ``detects`` is None, is the
 # one taken when no other is). A new family is its package and one line here.
-FAMILY_MODULES: tuple[str, ...] = ("onnxport.seq2seq.family", "onnxport.decoder.family", "onnxport.pipeline")
+FAMILY_MODULES: tuple[str, ...] = ("onnxport.seq2seq.family", "onnxport.decoder.family", "onnxport.diffusion.family",
+                                    "onnxport.pipeline")
+# A family whose ``stages`` are these runs the one pipeline's stages (export, prove, optimize, bench) on the
+# model its loader makes.
+PIPELINE_STAGES: tuple[Stage, ...] = ()
 
 
 def _takes_all(options: Options) -> Options:
@@ -31,7 +50,7 @@ def _takes_all(options: Options) -> Options:
 
 @dataclass(frozen=True)
 class Family:
-    """One model family: its name, its stages, how it is detected (``detects``: from the source string and
+    """One model family: its name, its stages (:data:`PIPELINE_STAGES`: the one pipeline's), how it is detected (``detects``: from the source string and
     --task; None: the plain model, taken when no other family is), which options it refuses and why
     (``refuse``), how it loads (``load``: None, the generic loader; ``load_task``: the task that loader is given;
     ``check_seq``: whether --seq is checked against the loaded dims), the optimize kind whose names --variants
@@ -55,6 +74,7 @@ class Family:
     generator: str | None = None
     served: Served | None = None
     files: tuple[str, ...] = ()  # the ONNX files served together (the served one last), beside ``{section}.json``
+    parts: Parts | None = None  # a source made of several models: each part proven alone into OUT/<part>/
 
     def generator_function(self) -> Callable[..., Any] | None:
         """The server's generator builder ``generator`` names (imported when first asked for)."""

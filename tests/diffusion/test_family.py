@@ -1,0 +1,114 @@
+"""The diffusion family: diffusers folders as save_pretrained writes them (random weights, nothing downloaded),
+each exported by the one pipeline with inputs made up from its config and proven; a whole pipeline folder
+into Optimum's layout, each model proven alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from onnxport import api, families
+from onnxport.core.errors import SourceError, UsageError
+from onnxport.diffusion.component import load
+from onnxport.diffusion.parts import parts
+from tests.conftest import load_report, run_cli
+from tests.fixtures import diffusers_models as dm
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("diffusers")
+    for kind in ("unet", "vae", "sd3", "flux", "pixart", "unet2d", "controlnet"):
+        dm.save_component(root / kind, kind)
+    dm.save_pipeline(root / "pipeline")
+    return root
+
+
+def test_diffusers_folders_are_the_diffusion_family(folders):
+    for kind in ("unet", "vae", "sd3", "flux", "pipeline"):
+        assert families.detect(f"hf:{folders / kind}", None).name == "diffusion", kind
+    assert families.detect(f"hf:{folders / 'pipeline' / 'text_encoder'}", None).name == "model"
+    # --input is the plain forward, exported as declared
+    assert families.detect(f"hf:{folders / 'unet'}", None, inputs_given=True).name == "model"
+
+
+@pytest.mark.parametrize("kind, inputs", [
+    ("unet", ["sample:float32[batch,4,height,width]", "timestep:float32[batch]",
+              "encoder_hidden_states:float32[batch,text,16]"]),
+    ("sd3", ["hidden_states:float32[batch,4,height,width]", "encoder_hidden_states:float32[batch,text,16]",
+             "pooled_projections:float32[batch,8]", "timestep:float32[batch]"]),
+    ("flux", ["hidden_states:float32[batch,image,8]", "encoder_hidden_states:float32[batch,text,16]",
+              "pooled_projections:float32[batch,8]", "timestep:float32[batch]", "img_ids:float32[image,3]",
+              "txt_ids:float32[text,3]", "guidance:float32[batch]"]),
+    ("pixart", ["hidden_states:float32[batch,4,height,width]", "encoder_hidden_states:float32[batch,text,24]",
+                "timestep:float32[batch]"]),
+    ("unet2d", ["sample:float32[batch,3,height,width]", "timestep:float32[batch]"]),
+    ("controlnet", ["sample:float32[batch,4,height,width]", "timestep:float32[batch]",
+                    "encoder_hidden_states:float32[batch,text,16]", "controlnet_cond:float32[batch,3,64,64]"]),
+])
+def test_every_input_is_made_up_from_the_config(folders, kind, inputs):
+    lm = load(f"hf:{folders / kind}")
+    assert [str(s) for s in lm.inputs] == inputs
+    assert lm.extra["library"] == "diffusers"
+
+
+def test_sd3_sizes_keep_an_even_number_of_patches_and_say_so(folders):
+    lm = load(f"hf:{folders / 'sd3'}")
+    assert all(n % 4 == 0 for n in lm.dims["height"].sizes) and max(lm.dims["height"].sizes) <= 16
+    assert any(d.code == "made-up-inputs" for d in lm.diagnostics)
+
+
+def test_an_autoencoder_is_two_parts_and_a_pipeline_its_models(folders):
+    assert [(p.name, p.keywords, p.main) for p in parts(f"hf:{folders / 'vae'}")] == [
+        ("vae_encoder", {"part": "vae_encoder"}, False), ("vae_decoder", {"part": "vae_decoder"}, True)]
+    assert [p.name for p in parts(f"hf:{folders / 'pipeline'}")] == [
+        "text_encoder", "unet", "vae_encoder", "vae_decoder"]
+    assert parts(f"hf:{folders / 'unet'}") == ()
+
+
+def test_a_folder_naming_no_model_class_is_one_line(tmp_path):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"_class_name": "os.system", "_diffusers_version": "0.30"}))
+    with pytest.raises(SourceError, match="no diffusers model class"):
+        load(f"hf:{tmp_path}")
+
+
+def test_options_a_diffusers_folder_cannot_take_are_refused(folders, tmp_path):
+    with pytest.raises(UsageError, match="--model-args"):
+        api.export(f"hf:{folders / 'unet'}", tmp_path / "o", model_args={"x": 1})
+    with pytest.raises(UsageError, match="--max-length"):
+        api.export(f"hf:{folders / 'unet'}", tmp_path / "o", max_length=8)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_a_unet_folder_is_exported_and_proven_through_the_cli(folders, tmp_path):
+    out = tmp_path / "unet"
+    proc = run_cli("export", f"hf:{folders / 'unet'}", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rep = load_report(out)
+    assert rep["model"]["name"] == "UNet2DConditionModel" and (out / "model.onnx").is_file()
+    assert {d["symbol"] for d in rep["check"]["dynamic_dims"]} >= {"batch", "height", "width", "text"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["flux", "sd3"])
+def test_dit_transformers_are_proven(folders, tmp_path, kind):
+    rep = api.export(f"hf:{folders / kind}", tmp_path / kind)
+    assert rep["status"] == "ok", rep["summary"]
+
+
+@pytest.mark.slow
+def test_a_pipeline_folder_is_every_model_proven_in_optimums_layout(folders, tmp_path):
+    out = tmp_path / "sd"
+    proc = run_cli("export", f"hf:{folders / 'pipeline'}", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rep = load_report(out)
+    assert [c["name"] for c in rep["components"]] == ["text_encoder", "unet", "vae_encoder", "vae_decoder"]
+    assert all(c["status"] == "ok" for c in rep["components"])
+    for c in rep["components"]:
+        assert (out / c["file"]).is_file() and load_report(out / c["name"])["status"] == "ok"
+    assert rep["model"]["name"] == "UNet2DConditionModel" and rep["export"]["path"] == "unet/model.onnx"
+    assert "4/4 models proven" in proc.stderr
