@@ -11,6 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnxport.core.errors import UsageError
+from onnxport.decoder.kind import DECODER, DECODER_VARIANTS
 from onnxport.optimize import gates, passes, registry
 from onnxport.optimize.context import BuildOutcome, Skip
 from onnxport.optimize.result import SkipReason, Variant
@@ -18,10 +19,10 @@ from onnxport.optimize.result import SkipReason, Variant
 
 def test_names_are_parsed_per_kind():
     assert registry.parse_names(None) == list(registry.VARIANTS)
-    assert registry.parse_names("int8,int4", registry.DECODER) == ["int8", "int4"]
-    assert registry.parse_names("all", registry.DECODER) == list(registry.DECODER_VARIANTS)
+    assert registry.parse_names("int8,int4", DECODER) == ["int8", "int4"]
+    assert registry.parse_names("all", DECODER) == list(DECODER_VARIANTS)
     with pytest.raises(UsageError, match="unknown decoder variant 'fp16'"):
-        registry.parse_names(["fp16"], registry.DECODER)
+        registry.parse_names(["fp16"], DECODER)
     with pytest.raises(UsageError, match="unknown variant 'int4'"):
         registry.parse_names("int4")
 
@@ -29,11 +30,18 @@ def test_names_are_parsed_per_kind():
 def test_both_kinds_have_their_builders_and_judge():
     import onnxport.decoder  # noqa: F401 - registers the decoder kind
 
-    for kind in (registry.MODEL, registry.DECODER):
+    for kind in (registry.MODEL, DECODER):
         k = registry.kind(kind)
         assert set(k.builders) == set(k.names) and k.judge is not None
     with pytest.raises(ValueError, match="not a declared"):
-        registry.register(registry.DECODER, "fp16", lambda src, dst, ctx: BuildOutcome())
+        registry.register(DECODER, "fp16", lambda src, dst, ctx: BuildOutcome())
+
+
+def test_a_family_declares_its_own_kind():
+    assert registry.kind(DECODER).names == DECODER_VARIANTS and registry.kind(DECODER).label == "decoder "
+    assert registry.declare(DECODER, DECODER_VARIANTS) == DECODER  # again, the same names: nothing changes
+    with pytest.raises(ValueError, match="declared with"):
+        registry.declare(DECODER, ("fused",))
 
 
 def test_one_set_of_gates():
@@ -103,7 +111,7 @@ def test_the_export_is_kept_unless_clearly_beaten():
 
 def test_one_reading_of_the_names_for_every_kind():
     """``chosen``: the names besides the export in the kind's order; None none, "all"/"auto" the defaults."""
-    from onnxport.optimize.registry import DECODER, SEQ2SEQ, chosen
+    from onnxport.optimize.registry import SEQ2SEQ, chosen
 
     assert chosen(None, SEQ2SEQ) == () and chosen("auto", SEQ2SEQ) == chosen("all", SEQ2SEQ) == ("fused", "int8")
     assert chosen(["int8", "export", "fused"], SEQ2SEQ) == ("fused", "int8")  # the kind's order, the baseline left out

@@ -6,10 +6,10 @@ from __future__ import annotations
 from onnxport.core.options import Options
 from onnxport.decoder.applies import refuse_for_decoder
 from onnxport.decoder.flow import wants_cache
+from onnxport.decoder.kind import DECODER
 from onnxport.decoder.outcome import SECTION
 from onnxport.decoder.stage import stage
 from onnxport.families import Family, Stage
-from onnxport.optimize import DECODER
 
 
 def _refused(options: Options) -> Options:

@@ -34,6 +34,7 @@ from onnxport.core.logs import Progress, captured_output, noop
 from onnxport.core.onnxfile import file_bytes, inline_limit, move_model, save_model
 from onnxport.core.records import FP32, Tolerance
 from onnxport.decoder.generation import step_feeds, stream_greedy
+from onnxport.decoder.kind import DECODER, DECODER_VARIANTS
 from onnxport.decoder.layout import CachedDecoder, step_inputs
 from onnxport.decoder.prove import greedy, step_matrix
 from onnxport.decoder.records import DECODER_GATES, CacheLayout, DecoderVariant, DecoderVariants
@@ -41,7 +42,7 @@ from onnxport.optimize import registry
 from onnxport.optimize.context import BuildOutcome, Skip
 from onnxport.optimize.graph import short_error
 from onnxport.optimize.passes import Budget, Unmade, VariantPass, build_into, each_variant
-from onnxport.optimize.registry import BASELINE, DECODER, DECODER_VARIANTS, register, register_judge
+from onnxport.optimize.registry import BASELINE, register, register_judge
 from onnxport.optimize.result import SkipReason
 from onnxport.prove.judging import Policy, RunResults, compare_accuracy, run_cases, token_agreement, verdict
 from onnxport.prove.references import Refs, run_over

@@ -16,7 +16,7 @@ from onnxport.optimize.choice import VariantOptions, select_best, variants
 from onnxport.optimize.context import BuildContext, BuildOutcome, Skip
 from onnxport.optimize.gates import GATES, Gates
 from onnxport.optimize.passes import MIN_GAIN, Budget, build_into, clearly_faster, each_variant, install_best
-from onnxport.optimize.registry import DECODER, MODEL, register, register_judge
+from onnxport.optimize.registry import MODEL, declare, register, register_judge
 from onnxport.optimize.result import (
     ALL_VARIANTS,
     BASELINE,
@@ -37,7 +37,7 @@ from onnxport.runtime.variant_sessions import (  # re-exported: how a variant's 
     providers_for,
 )
 
-__all__ = ["ALL_VARIANTS", "BASELINE", "DECODER", "GATES", "GPU_VARIANTS", "MIN_GAIN", "MODEL", "VARIANTS", "Budget",
+__all__ = ["ALL_VARIANTS", "BASELINE", "GATES", "GPU_VARIANTS", "MIN_GAIN", "MODEL", "VARIANTS", "Budget",
            "BuildContext", "BuildOutcome", "Gates", "Skip", "SkipReason", "build_into", "clearly_faster",
-           "each_variant", "install_best", "register", "register_judge", "GraphSessions", "Metric", "OptimizeResult", "SessionBackend", "Variant",
+           "declare", "each_variant", "install_best", "register", "register_judge", "GraphSessions", "Metric", "OptimizeResult", "SessionBackend", "Variant",
            "gpu_options_for", "needs_fixed_shapes", "open_for", "parse_names", "providers_for", "select_best", "variants", "VariantOptions"]

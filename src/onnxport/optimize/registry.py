@@ -2,14 +2,12 @@
 
 A variant is a pass whose post-condition is parity with PyTorch: its builder writes the file (or raises
 :class:`~onnxport.optimize.context.Skip` when it does not apply), the judge of its model kind re-proves it
-against PyTorch's references. The kinds:
+against PyTorch's references. :data:`MODEL` is the plain export (encoders, classifiers, CNNs...): builders
+``(src, dst, ctx: BuildContext) -> BuildOutcome`` registered by :mod:`onnxport.optimize.choice`, judged by
+:func:`onnxport.optimize.policy.prove`. A model family with variants of its own declares its kind with
+:func:`declare` from its own package (a layer above this one), where it registers its builders and its judge.
 
-* :data:`MODEL`: the plain export (encoders, classifiers, CNNs...); builders ``(src, dst, ctx: BuildContext) ->
-  BuildOutcome`` registered by :mod:`onnxport.optimize.choice`, judged by :func:`onnxport.optimize.policy.prove`;
-* :data:`DECODER`: a causal LM with its KV cache; builders registered by :mod:`onnxport.decoder.variants` (a layer
-  above this one), judged there by step-case parity, logit cosine, teacher-forced top-1 and decode speed.
-
-The names of each kind are declared here (so that they can be checked before anything slow runs); the builders
+The names of each kind are declared before anything slow runs (so that they can be checked first); the builders
 register themselves when their module is imported. :func:`parse_names` reads a ``--variants`` value for a kind.
 """
 
@@ -22,8 +20,6 @@ from typing import Any
 from onnxport.core.errors import UsageError
 
 MODEL = "model"  # the plain path: one ONNX file, proven on the case matrix
-DECODER = "decoder"  # a causal LM with its KV cache, proven step by step and by greedy generation
-SEQ2SEQ = "seq2seq"  # an encoder-decoder: three files, each variant applied to all three
 BASELINE = "export"  # the proven export itself: every kind's baseline
 AUTO = "auto"  # the variants that can win for the model on the device (optimize/plan.py for MODEL)
 
@@ -32,8 +28,6 @@ VARIANTS = ("slim", "ort", "fused", "fp16", "int8", "fused+int8")
 OPENVINO_VARIANTS = ("openvino", "openvino-bf16", "openvino-int8")
 GPU_VARIANTS = ("tf32", "tensorrt", "cuda-graph")  # --device cuda only: a file run with other provider options
 ALL_VARIANTS = VARIANTS + OPENVINO_VARIANTS + GPU_VARIANTS
-DECODER_VARIANTS = ("fused", "int8", "int4")
-SEQ2SEQ_VARIANTS = ("fused", "int8")
 
 Builder = Callable[..., Any]  # (src, dst, ctx) -> BuildOutcome; the ctx type is the kind's
 Judge = Callable[..., Any]  # the kind's proof of one built file against PyTorch
@@ -51,11 +45,25 @@ class Kind:
     judge: Judge | None = None
 
 
-KINDS: dict[str, Kind] = {
-    MODEL: Kind(MODEL, ALL_VARIANTS, VARIANTS),
-    DECODER: Kind(DECODER, DECODER_VARIANTS, DECODER_VARIANTS, label="decoder "),
-    SEQ2SEQ: Kind(SEQ2SEQ, SEQ2SEQ_VARIANTS, SEQ2SEQ_VARIANTS, label="encoder-decoder "),
-}
+KINDS: dict[str, Kind] = {MODEL: Kind(MODEL, ALL_VARIANTS, VARIANTS)}
+
+
+def declare(name: str, names: tuple[str, ...], default: tuple[str, ...] | None = None, label: str = "") -> str:
+    """Declare the model kind ``name`` (a family's, from its own package): its variant names in build order,
+    those "all" means (``default``: all of them) and how an error message names it (``label``: "decoder ");
+    returns ``name``. Declaring a kind again with the same names is a no-op; with others, a ValueError."""
+    found = KINDS.get(name)
+    if found is None:
+        KINDS[name] = Kind(name, tuple(names), tuple(names if default is None else default), label)
+    elif found.names != tuple(names):
+        raise ValueError(f"the variant kind {name!r} is declared with {found.names}")
+    return name
+
+
+# The encoder-decoder's kind, declared here until the modules of its package that import it from here take it
+# from the package (docs/architecture.md, "Model families").
+SEQ2SEQ_VARIANTS = ("fused", "int8")
+SEQ2SEQ = declare("seq2seq", SEQ2SEQ_VARIANTS, label="encoder-decoder ")
 
 
 def kind(name: str) -> Kind:
