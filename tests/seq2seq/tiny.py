@@ -1,11 +1,15 @@
-"""Tiny encoder-decoders with random weights, scaled so greedy tokens vary (random tiny models have nearly flat
-logits, and a head tied to the embeddings repeats the last token)."""
+"""Tiny encoder-decoders with random weights (the text and Whisper families; images, frames-first speech features
+and long inputs), scaled so greedy tokens vary (random tiny models have nearly flat logits, and a head tied to the
+embeddings repeats the last token)."""
 
 from __future__ import annotations
 
 import torch
 
 FAMILIES = ("t5", "bart", "marian", "mbart", "pegasus", "whisper", "m2m_100")
+MODALITIES = ("trocr", "donut", "speech_to_text", "led")  # images, frames-first features, long inputs
+SMALL = dict(vocab_size=64, d_model=32, decoder_layers=2, decoder_attention_heads=2, decoder_ffn_dim=64,
+             pad_token_id=1, bos_token_id=0, eos_token_id=2, tie_word_embeddings=False)
 
 
 def _bart_like(transformers, cls: str, config: str, **extra):
@@ -42,6 +46,8 @@ def tiny(family: str, scale: float = 3.0):
             decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=16,
             max_source_positions=32, max_target_positions=64, pad_token_id=1, bos_token_id=0, eos_token_id=2,
             decoder_start_token_id=3, suppress_tokens=None, begin_suppress_tokens=None, tie_word_embeddings=False))
+    elif family in MODALITIES:
+        model = _modality(transformers, family)
     else:
         raise ValueError(family)
     with torch.no_grad():
@@ -49,3 +55,36 @@ def tiny(family: str, scale: float = 3.0):
             if p.dim() >= 2:
                 p.mul_(scale)
     return model.eval()
+
+
+def _vision(transformers, encoder, decoder, start: int):
+    """A VisionEncoderDecoderModel whose config names its start, pad and end tokens, as saved checkpoints do."""
+    model = transformers.VisionEncoderDecoderModel(encoder=encoder, decoder=decoder)
+    for config in (model.config, model.generation_config):
+        config.decoder_start_token_id, config.pad_token_id, config.eos_token_id = start, 1, 2
+    return model
+
+
+def _modality(transformers, family: str):
+    """Tiny models of the other modalities: TrOCR-style (ViT + TrOCR decoder) and Donut-style (Swin + mBART
+    decoder) image encoders, Speech2Text's frames-first features, LED's long inputs with global attention."""
+    if family == "trocr":
+        vit = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=64)
+        decoder = transformers.TrOCRConfig(max_position_embeddings=64, cross_attention_hidden_size=32, **SMALL)
+        return _vision(transformers, transformers.ViTModel(vit, add_pooling_layer=False),
+                       transformers.TrOCRForCausalLM(decoder), 2)
+    if family == "donut":
+        swin = transformers.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2],
+                                       window_size=4)
+        decoder = transformers.MBartConfig(encoder_layers=0, max_position_embeddings=64, is_decoder=True,
+                                           add_cross_attention=True, **SMALL)
+        return _vision(transformers, transformers.SwinModel(swin), transformers.MBartForCausalLM(decoder), 0)
+    if family == "speech_to_text":  # 8 features per frame, two stride-2 convolutions: 4 frames per position
+        return transformers.Speech2TextForConditionalGeneration(transformers.Speech2TextConfig(
+            encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=64, max_source_positions=64,
+            max_target_positions=64, input_feat_per_channel=8, input_channels=1, conv_channels=16,
+            num_conv_layers=2, conv_kernel_sizes=(5, 5), decoder_start_token_id=2, **SMALL))
+    return transformers.LEDForConditionalGeneration(transformers.LEDConfig(  # attention window of 8 tokens
+        encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=64, max_encoder_position_embeddings=128,
+        max_decoder_position_embeddings=64, attention_window=[8, 8], decoder_start_token_id=2, **SMALL))

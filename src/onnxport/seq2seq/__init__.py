@@ -1,6 +1,7 @@
-"""Encoder-decoder models with their cache (T5, BART, Marian, mBART, Pegasus, Whisper): three ONNX files in
-Optimum's layout (``encoder_model.onnx``, ``decoder_model.onnx``, ``decoder_with_past_model.onnx``), proven step
-by step and by greedy generation against ``model.generate``."""
+"""Encoder-decoder models of every modality with their cache (T5, BART, Marian, mBART, Pegasus, LED; Whisper,
+Speech2Text; VisionEncoderDecoder: TrOCR, Donut): three ONNX files in Optimum's layout (``encoder_model.onnx``,
+``decoder_model.onnx``, ``decoder_with_past_model.onnx``), proven step by step and by greedy generation against
+``model.generate``."""
 
 from onnxport.optimize.registry import SEQ2SEQ_VARIANTS
 from onnxport.seq2seq.export import export_seq2seq

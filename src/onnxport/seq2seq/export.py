@@ -1,6 +1,7 @@
 """The encoder-decoder as three ONNX files in Optimum's layout (dynamo exporter; dynamic batch, source, decoder
 tokens and past), all at the newest opset onnxruntime runs: ``encoder_model.onnx``, ``decoder_model.onnx``
-(the first step) and ``decoder_with_past_model.onnx``."""
+(the first step) and ``decoder_with_past_model.onnx``; library code the exporter cannot trace is patched for
+the export only (:mod:`.patches`)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from onnxport.exporters.opsets import lower_opsets
 from onnxport.runtime.sessions import session
 from onnxport.seq2seq.feeds import decoder_ids, encoder_inputs, first_inputs, random_cache, with_past_inputs
 from onnxport.seq2seq.layout import Encoder, FirstStep, WithPast
+from onnxport.seq2seq.patches import export_patches
 from onnxport.seq2seq.records import DECODER_FILE, ENCODER_FILE, WITH_PAST_FILE, Seq2SeqExport, Seq2SeqLayout
 
 EXAMPLE = {"batch": 2, "source": 5, "past": 4, "new": 3}  # never 0 or 1, all different (docs/architecture.md)
@@ -27,8 +29,9 @@ EXAMPLE = {"batch": 2, "source": 5, "past": 4, "new": 3}  # never 0 or 1, all di
 
 def _dims(layout: Seq2SeqLayout) -> dict:
     dim = torch.export.Dim
-    return {"batch": dim("batch", min=1, max=MAX_BATCH),
-            "source": None if layout.speech else dim("source", min=1, max=layout.max_source),
+    source = dim("source", min=1, max=layout.max_source) if layout.dynamic else None
+    return {"batch": dim("batch", min=1, max=MAX_BATCH), "source": source,
+            "encoded": dim("encoded", min=1, max=layout.max_source) if layout.subsampled and source else source,
             "seq": dim("seq", min=1, max=layout.max_length),
             "past": dim("past", min=1, max=layout.max_length - 1)}
 
@@ -37,24 +40,38 @@ def _axes(batch, second=None, axis: int = 1) -> dict:
     return {0: batch} if second is None else {0: batch, axis: second}
 
 
+def _example(model: nn.Module, layout: Seq2SeqLayout) -> tuple[list, torch.Tensor]:
+    """The encoder's example inputs and its output on them: a source whose length, and whose encoder output's
+    length, differ from every other example size (a subsampling encoder's output is shorter)."""
+    taken = set(EXAMPLE.values()) - {EXAMPLE["source"]}
+    encoder = Encoder(model, layout).eval()
+    for source in (EXAMPLE["source"], 23, 41, 97, layout.max_source):
+        enc = encoder_inputs(layout, EXAMPLE["batch"], min(source, layout.max_source), padded=True)
+        with torch.inference_mode():
+            states = encoder(*enc)
+        if not layout.dynamic or not ({enc[0].shape[1], states.shape[1]} & taken):
+            break
+    return enc, states
+
+
 def _files(model: nn.Module, layout: Seq2SeqLayout, folder: Path):
     """(path, wrapper, example inputs, input names, output names, dynamic shapes) of each file."""
     d, ex = _dims(layout), EXAMPLE
-    source = layout.max_source if layout.speech else ex["source"]
-    enc = encoder_inputs(layout, ex["batch"], ex["source"], padded=True)
-    states = torch.randn(ex["batch"], source, layout.hidden)
-    mask = None if layout.speech else enc[1]
-    cache = random_cache(layout, ex["batch"], ex["past"], source)
-    b, s = d["batch"], d["source"]
-    enc_shapes = ({0: b},) if layout.speech else (_axes(b, s), _axes(b, s))
+    enc, states = _example(model, layout)
+    states = torch.randn(states.shape)
+    mask = enc[1] if layout.encoder_mask else None
+    cache = random_cache(layout, ex["batch"], ex["past"], states.shape[1])
+    b, s, e = d["batch"], d["source"], d["encoded"]
+    source_axis = 1 + layout.source_dims.index("source") if layout.dynamic else 1
+    enc_shapes = tuple(_axes(b, s, source_axis if i == 0 else 1) for i in range(len(enc)))
     mask_shape = (_axes(b, s),) if layout.encoder_mask else ()
-    cache_shapes = tuple(_axes(b, d["past"] if i % 4 < 2 else s, 2) for i in range(4 * layout.layers))
+    cache_shapes = tuple(_axes(b, d["past"] if i % 4 < 2 else e, 2) for i in range(4 * layout.layers))
     return (
         (folder / ENCODER_FILE, Encoder(model, layout), enc, layout.encoder_inputs, ("last_hidden_state",),
          (enc_shapes,)),
         (folder / DECODER_FILE, FirstStep(model, layout),
          first_inputs(layout, decoder_ids(layout, ex["batch"], ex["new"]), states, mask),
-         layout.decoder_inputs, layout.decoder_outputs, (_axes(b, d["seq"]), _axes(b, s)) + mask_shape),
+         layout.decoder_inputs, layout.decoder_outputs, (_axes(b, d["seq"]), _axes(b, e)) + mask_shape),
         (folder / WITH_PAST_FILE, WithPast(model, layout),
          with_past_inputs(layout, decoder_ids(layout, ex["batch"], ex["new"]), mask, cache),
          layout.with_past_inputs, layout.with_past_outputs, (_axes(b, d["seq"]), mask_shape + cache_shapes)),
@@ -86,12 +103,13 @@ def export_seq2seq(model: nn.Module, layout: Seq2SeqLayout, folder: str | Path, 
         reasons.append(reason or "")
         return reason
 
-    kept, rejected = lower_opsets(worth_trying(versions, reasons), build, why_not)
+    with export_patches(model) as patches:
+        kept, rejected = lower_opsets(worth_trying(versions, reasons), build, why_not)
     tried = tuple(f"opset {version}: {reason}" for version, _, reason in rejected)
     if kept is None:
         raise ExportFailed(f"the encoder-decoder could not be exported ({'; '.join(tried)})",
                            "try another --opset, or export the plain forward with --input", code="export-failed")
-    return Seq2SeqExport(tuple(f[0] for f in files), kept[0], time.perf_counter() - t0, tried)
+    return Seq2SeqExport(tuple(f[0] for f in files), kept[0], time.perf_counter() - t0, tried, patches)
 
 
 def _export_once(model: nn.Module, wrapper: nn.Module, example: tuple, names, outputs, shapes, path: Path,

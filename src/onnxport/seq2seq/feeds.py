@@ -1,5 +1,6 @@
-"""Inputs of the three files: the encoder's (tokens with right padding, or log-mel features), the first decoder
-step's and a step on a random cache, in the order of :class:`~onnxport.seq2seq.records.Seq2SeqLayout`'s names."""
+"""Inputs of the three files: the encoder's (tokens or features with right padding, fixed-size features or
+pixels), the first decoder step's and a step on a random cache, in the order of
+:class:`~onnxport.seq2seq.records.Seq2SeqLayout`'s names."""
 
 from __future__ import annotations
 
@@ -20,14 +21,27 @@ def padded_lengths(batch: int, source: int) -> list[int]:
 
 def encoder_inputs(layout: Seq2SeqLayout, batch: int, source: int, *, padded: bool = False, seed: int = 0
                    ) -> list[torch.Tensor]:
-    """The encoder's inputs: ``batch`` rows of ``source`` random tokens (``padded``: rows after the first
-    shorter and right-padded, as tokenizers pad) and their mask; or random log-mel features (speech)."""
+    """The encoder's inputs in :attr:`Seq2SeqLayout.encoder_inputs` order: ``batch`` rows of ``source`` random
+    tokens, or of random features or pixels (a fixed-size input: its size); a dynamic source's rows after the
+    first shorter and right-padded when ``padded`` (zeros, as tokenizers and feature extractors pad), with their
+    mask; LED's global attention on each row's first token."""
     gen = torch.Generator().manual_seed(seed + 11)
-    if layout.speech:
-        return [torch.randn(batch, layout.mel_bins, layout.frames, generator=gen) * 0.5]
-    ids = torch.randint(2, max(layout.vocab, 3), (batch, source), generator=gen)
+    source = source if layout.dynamic else 0
+    shape = layout.source_shape(batch, source)
+    if layout.source_input == "input_ids":
+        main = torch.randint(2, max(layout.vocab, 3), shape, generator=gen)
+    else:
+        main = torch.randn(shape, generator=gen) * 0.5
+    if not layout.dynamic:
+        return [main]
     mask = source_mask(padded_lengths(batch, source) if padded else [source] * batch, source)
-    return [ids.masked_fill(mask == 0, 0), mask]
+    spread = [batch] + [source if d == "source" else 1 for d in layout.source_dims]
+    out = [main * mask.view(spread).to(main.dtype)] + ([mask] if layout.source_mask else [])
+    if layout.global_attention:
+        marks = torch.zeros(batch, source, dtype=torch.long)
+        marks[:, 0] = 1
+        out.append(marks)
+    return out
 
 
 def decoder_ids(layout: Seq2SeqLayout, batch: int, new: int, seed: int = 0) -> torch.Tensor:

@@ -21,13 +21,14 @@ from onnxport.seq2seq.generation import open_sessions
 from onnxport.seq2seq.layout import NO_CACHE_HINT, is_seq2seq, seq2seq_layout
 from onnxport.seq2seq.prove import NEW_TOKENS, prove_seq2seq
 from onnxport.seq2seq.records import FILES, Seq2SeqOutcome, final_name
+from onnxport.seq2seq.source import describe
 from onnxport.seq2seq.variants import optimize_seq2seq
 from onnxport.sources.base import LoadedModel, count_parameters
 
 MAX_LENGTH = 128  # decoder tokens the self-attention cache holds
 MAX_SOURCE = 512  # source tokens (capped by the model's positions)
 SEQ2SEQ_TASKS = ("text2text-generation", "text2text-generation-with-past", "automatic-speech-recognition",
-                 "translation", "summarization")
+                 "translation", "summarization", "image-to-text")
 
 
 def wants_seq2seq(source: str, task: str | None) -> bool:
@@ -56,10 +57,9 @@ def load(source: str, *, trust_remote_code: bool = False, **_: object) -> Loaded
     except (OSError, ValueError) as e:
         raise SourceError(f"cannot load the model in {path}: {str(e).splitlines()[0][:200]}",
                           "the directory needs the weights saved by save_pretrained()") from None
-    speech = getattr(model, "main_input_name", "input_ids") == "input_features"
-    inputs = ((InputSpec("input_features", "float32", ("batch", getattr(config, "num_mel_bins", 80), "frames")),)
-              if speech else (InputSpec("input_ids", "int64", ("batch", "source")),
-                              InputSpec("attention_mask", "int64", ("batch", "source"))))
+    found = describe(model)
+    inputs = (InputSpec(found.name, "int64" if found.name == "input_ids" else "float32", ("batch", *found.dims)),
+              *(InputSpec(n, "int64", ("batch", "source")) for n in found.masks_named))
     return LoadedModel(source=source, name=arch, kind="hf", model=model, flat=model, inputs=inputs, dims={},
                        output_names=("logits",), parameters=count_parameters(model),
                        extra={"model_type": getattr(config, "model_type", None), "architecture": arch})

@@ -48,15 +48,24 @@ def check_room(layout: Seq2SeqLayout, new_tokens: int, rules: GreedyRules | None
 
 
 def encoder_feeds(layout: Seq2SeqLayout, inputs: Sequence[np.ndarray]) -> dict:
-    """The encoder's feeds; a source longer than ``max_source`` is a UsageError."""
-    if not layout.speech:
-        if inputs[0].shape[1] < 1:
+    """The encoder's feeds (:attr:`Seq2SeqLayout.encoder_inputs`, in order; a global attention mask left out is
+    none, as ``generate`` without one); a dynamic source that is empty or longer than ``max_source`` is a
+    UsageError."""
+    main = np.asarray(inputs[0])
+    if layout.dynamic:
+        length = main.shape[1 + layout.source_dims.index("source")]
+        if length < 1:
             raise UsageError("the source is empty", "give at least one source token")
-        if inputs[0].shape[1] > layout.max_source:
-            raise UsageError(f"a source of {inputs[0].shape[1]} tokens exceeds the declared maximum of "
-                             f"{layout.max_source}", "shorten the source")
-        return {"input_ids": inputs[0].astype(np.int64), "attention_mask": inputs[1].astype(np.int64)}
-    return {"input_features": inputs[0].astype(np.float32)}
+        if length > layout.max_source:
+            unit = "tokens" if layout.source_input == "input_ids" else "frames"
+            raise UsageError(f"a source of {length} {unit} exceeds the declared maximum of {layout.max_source}",
+                             "shorten the source")
+    feeds = {layout.source_input: main.astype(np.int64 if layout.source_input == "input_ids" else np.float32)}
+    for name, value in zip(layout.encoder_inputs[1:], inputs[1:]):
+        feeds[name] = np.asarray(value).astype(np.int64)
+    if layout.global_attention and "global_attention_mask" not in feeds:
+        feeds["global_attention_mask"] = np.zeros(main.shape[:2], np.int64)
+    return feeds
 
 
 def stream_greedy(sessions: Sessions, layout: Seq2SeqLayout, inputs: Sequence[np.ndarray], max_new_tokens: int,
@@ -64,7 +73,7 @@ def stream_greedy(sessions: Sessions, layout: Seq2SeqLayout, inputs: Sequence[np
     """Greedy tokens one step at a time under ``rules`` (the generation config's processors, end-of-sequence
     stop and decoder prompt; None: the layout's): yields [batch] int64 ids per step, at most ``max_new_tokens``
     steps, stopping after the step where every row has produced an end-of-sequence token (rows that ended
-    earlier get the pad token). ``inputs``: the encoder's (ids and mask, or features). The first decoder step
+    earlier get the pad token). ``inputs``: the encoder's (ids and mask, features, or pixels). The first decoder step
     runs on the start token and the decoder prompt; only the new tokens are yielded."""
     rules = rules if rules is not None else layout.rules
     check_room(layout, max_new_tokens, rules)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -13,8 +14,7 @@ from torch import nn
 from onnxport.core.errors import UsageError, one_line
 from onnxport.core.greedy import rules_from_config
 from onnxport.seq2seq.records import Seq2SeqLayout
-
-NO_CACHE_HINT = "export its plain forward without a cache instead: give its inputs with --input (docs/seq2seq.md)"
+from onnxport.seq2seq.source import DECODER_POSITIONS, NO_CACHE_HINT, PROBE_SOURCE, Source, describe
 
 
 def _config(model_dir: str | Path) -> dict:
@@ -33,18 +33,31 @@ def seq2seq_architectures() -> set[str]:
             | set(auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES.values()))
 
 
+def _image_to_text(arch: str) -> bool:
+    """Whether ``arch`` is an image-to-text class (AutoModelForImageTextToText) whose encoder takes the pixels
+    alone (VisionEncoderDecoderModel), not one that takes other inputs onnxport does not lay out."""
+    import transformers
+    from transformers.models.auto import modeling_auto as auto
+
+    if arch not in set(auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.values()):
+        return False
+    return getattr(getattr(transformers, arch, None), "main_input_name", None) == "pixel_values"
+
+
 def is_seq2seq(model_dir: str | Path) -> bool:
     """Whether the local Hugging Face directory holds an encoder-decoder that generates (its ``config.json``
-    sets ``is_encoder_decoder`` and names a class of AutoModelForSeq2SeqLM or AutoModelForSpeechSeq2Seq)."""
+    sets ``is_encoder_decoder`` and names a class of AutoModelForSeq2SeqLM or AutoModelForSpeechSeq2Seq, or an
+    image-to-text class whose encoder takes pixels and whose config names the decoder's start token)."""
     config = _config(model_dir)
     if not config.get("is_encoder_decoder"):
         return False
     names = [str(a) for a in config.get("architectures") or []]
+    starts = config.get("decoder_start_token_id") is not None  # an image-to-text model without: its plain forward
     try:
         known = seq2seq_architectures()
+        return any(a in known or (starts and _image_to_text(a)) for a in names)
     except ImportError:
         return False
-    return any(a in known for a in names)
 
 
 def _positions(config, *names: str) -> int | None:
@@ -55,10 +68,19 @@ def _positions(config, *names: str) -> int | None:
     return None
 
 
+def _decoder_positions(config) -> int | None:
+    """The decoder's positions: the config's, else its decoder tower's (VisionEncoderDecoder)."""
+    for owner in (config, getattr(config, "decoder", None)):
+        found = _positions(owner, *DECODER_POSITIONS)
+        if found is not None:
+            return found
+    return None
+
+
 def fitted_max_length(model: nn.Module, default: int) -> tuple[int, int | None]:
     """(the maximum decoder length to export when none was asked for, the decoder's positions when they are
     fewer than ``default``): a model built for fewer positions is exported at all of them, not refused."""
-    limit = _positions(getattr(model, "config", None), "max_target_positions", "max_position_embeddings")
+    limit = _decoder_positions(getattr(model, "config", None))
     if limit is not None and 2 <= limit < default:
         return limit, limit
     return default, None
@@ -66,39 +88,34 @@ def fitted_max_length(model: nn.Module, default: int) -> tuple[int, int | None]:
 
 def seq2seq_layout(model: nn.Module, max_length: int, max_source: int) -> Seq2SeqLayout:
     """The layout of ``model`` (a transformers encoder-decoder) for up to ``max_length`` decoder tokens and
-    sources up to ``max_source`` tokens, read from the cache it returns on a short first step; what it cannot
-    take is a UsageError."""
+    sources up to ``max_source`` tokens (or frames), read from its encoder input (:func:`~.source.describe`)
+    and from the cache it returns on a short first step; what it cannot take is a UsageError."""
     arch, config = type(model).__name__, getattr(model, "config", None)
     if config is None or not getattr(config, "is_encoder_decoder", False) or not hasattr(model, "get_encoder"):
         raise UsageError(f"{arch} is not an encoder-decoder: no encoder and decoder cache to export", NO_CACHE_HINT)
     if max_length < 2:
         raise UsageError(f"--max-length {max_length} is too short for a cache", "give at least 2 tokens")
-    limit = _positions(config, "max_target_positions", "max_position_embeddings")
+    limit = _decoder_positions(config)
     if limit is not None and max_length > limit:
         raise UsageError(f"--max-length {max_length} exceeds the {limit} decoder positions {arch} was built for",
                          f"give --max-length {limit} or less")
-    speech = getattr(model, "main_input_name", "input_ids") == "input_features"
-    mel_bins = int(getattr(config, "num_mel_bins", 0) or 0)
-    frames = 2 * int(getattr(config, "max_source_positions", 0) or 0) if speech else 0
-    if speech and (not mel_bins or not frames or getattr(config, "model_type", "") != "whisper"):
-        raise UsageError(f"{arch} takes speech features onnxport cannot lay out (Whisper's log-mel input only)",
-                         NO_CACHE_HINT)
-    if not speech:
-        source_limit = _positions(config, "max_source_positions", "max_position_embeddings")
-        max_source = min(max_source, source_limit) if source_limit else max_source
+    found = describe(model)
     start = getattr(config, "decoder_start_token_id", None)
     if start is None:
         start = getattr(getattr(model, "generation_config", None), "decoder_start_token_id", None)
     if not isinstance(start, int):
         raise UsageError(f"{arch} names no decoder_start_token_id: the first decoder token is unknown",
                          "set decoder_start_token_id in config.json")
-    vocab = int(getattr(config, "vocab_size", 0) or 0)
-    hidden = int(getattr(config, "d_model", 0) or getattr(config, "hidden_size", 0) or 0)
-    layers, heads, head_dim = _probe(model, arch, speech, mel_bins, frames, hidden, start)
-    return Seq2SeqLayout(arch, str(getattr(config, "model_type", "")), layers, heads, head_dim, hidden, vocab, start,
-                         max_length, frames // 2 if speech else max_source, speech, mel_bins, frames,
+    vocab = int(getattr(config, "vocab_size", 0) or getattr(getattr(config, "decoder", None), "vocab_size", 0) or 0)
+    probe = _probe(model, arch, found, start)
+    longest = found.longest(probe.ratio, max_source) if found.dynamic else probe.encoded
+    speech = found.name == "input_features" and not found.dynamic  # Whisper: features, or audio when served
+    return Seq2SeqLayout(arch, str(getattr(config, "model_type", "")), probe.layers, probe.heads, probe.head_dim,
+                         probe.hidden, vocab, start, max_length, longest, speech,
+                         int(found.dims[0]) if speech else 0, int(found.dims[1]) if speech else 0,
                          _eos(model, config),
-                         rules_from_config(getattr(model, "generation_config", None) or config, encoder_decoder=True))
+                         rules_from_config(getattr(model, "generation_config", None) or config, encoder_decoder=True),
+                         found.name, found.dims, found.mask, found.global_attention, probe.ratio != 1)
 
 
 def _eos(model: nn.Module, config) -> int | None:
@@ -112,21 +129,27 @@ def _eos(model: nn.Module, config) -> int | None:
     return None
 
 
-def _probe(model, arch, speech, mel_bins, frames, hidden, start) -> tuple[int, int, int]:
-    """(layers, heads, head width) of the cache ``model`` returns for a 3-token decoder prompt on a 4-token
-    source: self-attention and cross-attention keys and values of one shape, [1, heads, tokens, width]."""
+class _Probe(NamedTuple):
+    layers: int
+    heads: int
+    head_dim: int
+    hidden: int  # the encoder output's width
+    encoded: int  # the encoder output's length for the probe's source
+    ratio: float  # the probe's source length over its encoder output's (1: one position per token)
+
+
+def _probe(model, arch: str, found: Source, start: int) -> _Probe:
+    """The cache ``model`` returns for a 3-token decoder prompt on a short source (a fixed-size input: its one
+    size): self-attention and cross-attention keys and values of one shape, [1, heads, tokens, width]."""
     from transformers import DynamicCache, EncoderDecoderCache
 
-    source = frames // 2 if speech else 4
+    source = found.example(PROBE_SOURCE)
     with torch.inference_mode():
-        if speech:
-            states = model.get_encoder()(input_features=torch.zeros(1, mel_bins, frames)).last_hidden_state
-        else:
-            states = model.get_encoder()(input_ids=torch.ones(1, 4, dtype=torch.long)).last_hidden_state
         try:
+            states = model.get_encoder()(**source, return_dict=True).last_hidden_state
             out = model(encoder_outputs=_encoded(states), decoder_input_ids=torch.full((1, 3), start),
                         past_key_values=EncoderDecoderCache(DynamicCache(), DynamicCache()), use_cache=True,
-                        return_dict=True)
+                        return_dict=True, **found.masks(source))
         except Exception as e:  # noqa: BLE001 - any failure means the cache is not the one assumed
             raise UsageError(f"{arch} fails on a 3-token decoder prompt with an empty encoder-decoder cache: "
                              f"{one_line(e, 160, typed=True)}", NO_CACHE_HINT) from None
@@ -139,11 +162,13 @@ def _probe(model, arch, speech, mel_bins, frames, hidden, start) -> tuple[int, i
         raise UsageError(f"{arch} returns a {type(cache).__name__} that is not a per-layer self- and "
                          "cross-attention key/value cache", NO_CACHE_HINT)
     (b, h, t, d), (bx, hx, tx, dx) = shapes.pop(), shapes_x.pop()
-    if (b, t, bx, tx) != (1, 3, 1, source) or (h, d) != (hx, dx) or states.shape[-1] != hidden:
+    encoded = states.shape[1]
+    if (b, t, bx, tx) != (1, 3, 1, encoded) or (h, d) != (hx, dx):
         raise UsageError(f"{arch} keeps self-attention keys {[b, h, t, d]} and cross-attention keys "
-                         f"{[bx, hx, tx, dx]} for 3 tokens on a {source}-token source: not one layout",
+                         f"{[bx, hx, tx, dx]} for 3 tokens on a {encoded}-long encoder output: not one layout",
                          NO_CACHE_HINT)
-    return len(own), h, d
+    ratio = PROBE_SOURCE / encoded if found.dynamic else 1.0
+    return _Probe(len(own), h, d, int(states.shape[-1]), int(encoded), ratio)
 
 
 def _encoded(states: torch.Tensor):
@@ -163,18 +188,21 @@ def _presents(cache, kinds: tuple[str, ...]) -> list[torch.Tensor]:
     return out
 
 
+def _mask_kw(layout: Seq2SeqLayout, mask) -> dict:
+    """The encoder mask as the model's forward takes it (none where the layout has none)."""
+    return {"attention_mask": mask} if layout.encoder_mask else {}
+
+
 class Encoder(nn.Module):
-    """forward(input_ids, attention_mask) or forward(input_features) -> last_hidden_state."""
+    """forward(*the layout's encoder inputs) -> last_hidden_state."""
 
     def __init__(self, model: nn.Module, layout: Seq2SeqLayout) -> None:
         super().__init__()
         self.encoder = model.get_encoder()
-        self.speech = layout.speech
+        self.names = layout.encoder_inputs
 
     def forward(self, *inputs):
-        if self.speech:
-            return self.encoder(input_features=inputs[0], return_dict=True).last_hidden_state
-        return self.encoder(input_ids=inputs[0], attention_mask=inputs[1], return_dict=True).last_hidden_state
+        return self.encoder(**dict(zip(self.names, inputs)), return_dict=True).last_hidden_state
 
 
 class FirstStep(nn.Module):
@@ -190,8 +218,9 @@ class FirstStep(nn.Module):
         from transformers import DynamicCache, EncoderDecoderCache
 
         cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-        out = self.model(encoder_outputs=_encoded(encoder_hidden_states), attention_mask=encoder_attention_mask,
-                         decoder_input_ids=input_ids, past_key_values=cache, use_cache=True, return_dict=True)
+        out = self.model(encoder_outputs=_encoded(encoder_hidden_states), decoder_input_ids=input_ids,
+                         past_key_values=cache, use_cache=True, return_dict=True,
+                         **_mask_kw(self.layout, encoder_attention_mask))
         return (out.logits, *_presents(out.past_key_values, ("decoder", "encoder")))
 
 
@@ -213,6 +242,7 @@ class WithPast(nn.Module):
         own = DynamicCache(ddp_cache_data=[(past[4 * i], past[4 * i + 1]) for i in range(n)])
         cross = DynamicCache(ddp_cache_data=[(past[4 * i + 2], past[4 * i + 3]) for i in range(n)])
         states = past[2].new_zeros(input_ids.shape[0], past[2].shape[2], self.layout.hidden)
-        out = self.model(encoder_outputs=_encoded(states), attention_mask=mask, decoder_input_ids=input_ids,
-                         past_key_values=EncoderDecoderCache(own, cross), use_cache=True, return_dict=True)
+        out = self.model(encoder_outputs=_encoded(states), decoder_input_ids=input_ids,
+                         past_key_values=EncoderDecoderCache(own, cross), use_cache=True, return_dict=True,
+                         **_mask_kw(self.layout, mask))
         return (out.logits, *_presents(out.past_key_values, ("decoder",)))

@@ -35,7 +35,7 @@ def step_matrix(layout: Seq2SeqLayout) -> list[Case]:
     new tokens on a decoder cache of 1, an odd number and nearly ``max_length`` tokens; batch 1, and batch 3
     with right-padded source rows."""
     top, n = layout.max_length, layout.max_length
-    sources = [layout.max_source] if layout.speech else sorted({1, min(7, layout.max_source), layout.max_source})
+    sources = sorted({1, min(7, layout.max_source), layout.max_source}) if layout.dynamic else [layout.max_source]
     odd, longest = sources[len(sources) // 2], sources[-1]
     several = min(4, top - 1)
     cases: list[Case] = [(1, s, 0, 1, False) for s in sources]
@@ -64,7 +64,7 @@ def step_case(sessions: Sessions, wrappers: tuple[nn.Module, ...], layout: Seq2S
     PyTorch's encoder output: onnxruntime against the PyTorch model at each file."""
     batch, source, past, new, padded = case
     enc = encoder_inputs(layout, batch, source, padded=padded, seed=seed)
-    mask = None if layout.speech else enc[1]
+    mask = enc[1] if layout.encoder_mask else None
     ids = decoder_ids(layout, batch, new, seed)
     try:
         with torch.inference_mode():
@@ -103,7 +103,7 @@ def prove_seq2seq(model: nn.Module, layout: Seq2SeqLayout, sessions: Sessions, *
     source = min(7, layout.max_source)
     one = encoder_inputs(layout, 1, source, seed=seed + 101)
     batch = encoder_inputs(layout, 3, source, padded=True, seed=seed + 102)
-    lengths = (layout.max_source,) * 3 if layout.speech else tuple(padded_lengths(3, source))
+    lengths = tuple(padded_lengths(3, source)) if layout.dynamic else (layout.max_source,) * 3
     rules = layout.rules
     gens = (generation_check("one row", sessions, model, layout, one, (lengths[0],), new_tokens, rules),
             generation_check("padded batch", sessions, model, layout, batch, lengths,
@@ -132,8 +132,7 @@ def reference_generate(model: nn.Module, layout: Seq2SeqLayout, inputs: list, ne
     config.update(decoder_start_token_id=layout.start_token)
     saved = model.generation_config
     model.generation_config = config  # unset fields fall back to the model's: its eos must not be there
-    kw = ({"input_features": inputs[0]} if layout.speech
-          else {"input_ids": inputs[0], "attention_mask": inputs[1]})
+    kw = dict(zip(layout.encoder_inputs, inputs))
     start = torch.tensor([[layout.start_token, *rules.decoder_prompt]] * inputs[0].shape[0], dtype=torch.long)
     try:
         with torch.inference_mode():

@@ -22,8 +22,13 @@ KINDS = ("decoder", "encoder")  # self-attention cache, cross-attention cache
 class Seq2SeqLayout:
     """The three files' inputs and outputs: ``past_key_values.{i}.decoder.key`` is [batch, heads, past, head_dim]
     (the self-attention cache) and ``.encoder.key`` [batch, heads, source, head_dim] (the cross-attention cache,
-    computed once on the first step). ``speech``: the encoder takes ``input_features`` [batch, mel_bins, frames]
-    (Whisper; ``frames`` fixed) instead of ``input_ids`` and ``attention_mask``."""
+    computed once on the first step). The encoder's input is ``source_input`` [batch, *source_dims] (a dim named
+    ``source`` is the dynamic length, the others fixed: token ids ``("source",)``, Whisper's log-mel
+    ``(mel_bins, frames)``, Speech2Text's ``("source", features)``, pixels ``(channels, height, width)``), with
+    ``attention_mask`` [batch, source] beside it when ``source_mask`` (the decoders then take it as
+    ``encoder_attention_mask``) and ``global_attention_mask`` when ``global_attention`` (LED). ``subsampled``: the
+    encoder's output is shorter than its input (Speech2Text's convolutions), so the cross-attention cache has a
+    length of its own. ``speech``: Whisper's fixed-length log-mel input, which serve also takes as audio."""
 
     architecture: str
     model_type: str
@@ -40,6 +45,28 @@ class Seq2SeqLayout:
     frames: int = 0  # speech: the one input length the encoder takes
     eos_token: int | None = None  # the generation config's end-of-sequence token (its first, when it names several)
     generation: GreedyRules | None = None  # the generation config's rules for greedy decoding (None: plain argmax)
+    source_input: str = ""  # the encoder's main input ("": input_ids, or input_features when speech)
+    source_dims: tuple = ()  # its dims after batch ("source": the dynamic length)
+    source_mask: bool | None = None  # attention_mask beside it (None: when the length is dynamic)
+    global_attention: bool = False  # global_attention_mask beside it (LED)
+    subsampled: bool = False  # the encoder's output length is not its input's
+
+    def __post_init__(self) -> None:
+        name = self.source_input or ("input_features" if self.speech else "input_ids")
+        dims = tuple(self.source_dims) or ((self.mel_bins, self.frames) if self.speech else ("source",))
+        object.__setattr__(self, "source_input", name)
+        object.__setattr__(self, "source_dims", dims)
+        if self.source_mask is None:
+            object.__setattr__(self, "source_mask", "source" in dims)
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether the source's length varies (tokens, Speech2Text's frames), else one size (Whisper, images)."""
+        return "source" in self.source_dims
+
+    def source_shape(self, batch: int, source: int) -> tuple[int, ...]:
+        """The encoder input's shape for ``batch`` rows of ``source`` long (fixed dims as they are)."""
+        return (batch, *(source if d == "source" else int(d) for d in self.source_dims))
 
     @classmethod
     def from_dict(cls, data: dict) -> Seq2SeqLayout:
@@ -54,12 +81,14 @@ class Seq2SeqLayout:
 
     @property
     def encoder_inputs(self) -> tuple[str, ...]:
-        return ("input_features",) if self.speech else ("input_ids", "attention_mask")
+        return ((self.source_input,) + (("attention_mask",) if self.source_mask else ())
+                + (("global_attention_mask",) if self.global_attention else ()))
 
     @property
     def encoder_mask(self) -> bool:
-        """Whether the decoders take ``encoder_attention_mask`` (Whisper's cross-attention has none)."""
-        return not self.speech
+        """Whether the decoders take ``encoder_attention_mask`` (a source of one length, as Whisper's and an
+        image's, has none)."""
+        return bool(self.source_mask)
 
     def past_names(self, prefix: str, kinds: tuple[str, ...] = KINDS) -> tuple[str, ...]:
         return tuple(f"{prefix}.{i}.{kind}.{kv}" for i in range(self.layers) for kind in kinds for kv in ("key", "value"))
@@ -90,6 +119,9 @@ class Seq2SeqLayout:
                 "decoder_start_token_id": self.start_token, "max_length": self.max_length,
                 "max_source": self.max_source, "speech": self.speech, "mel_bins": self.mel_bins or None,
                 "frames": self.frames or None, "eos_token_id": self.eos_token, "files": list(FILES),
+                "source_input": self.source_input, "source_dims": list(self.source_dims),
+                "source_mask": self.source_mask, "global_attention": self.global_attention,
+                "subsampled": self.subsampled,
                 **({"generation": self.generation.to_dict()} if self.generation is not None else {})}
 
     @property
@@ -108,10 +140,11 @@ class Seq2SeqExport:
     opset: int
     seconds: float
     tried: tuple[str, ...] = ()
+    patches: tuple[str, ...] = ()  # library code replaced for the export only (seq2seq/patches.py)
 
     def to_dict(self) -> dict:
         return {"files": [p.name for p in self.paths], "opset": self.opset, "seconds": round(self.seconds, 3),
-                "tried": list(self.tried)}
+                "tried": list(self.tried), "patches": list(self.patches)}
 
 
 @dataclass(frozen=True)

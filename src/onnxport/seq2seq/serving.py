@@ -47,6 +47,11 @@ class Seq2SeqGenerator(Generator):
         return {**super().to_dict(), "feature_extractor": self.extractor is not None}
 
     def check_room(self, prompt: int, new_tokens: int) -> None:
+        if self.layout.source_input != "input_ids" and not self.layout.speech:
+            dims = ", ".join(str(d) for d in self.layout.source_dims)
+            raise UsageError(f"generate takes token ids or Whisper's log-mel features; this model's encoder takes "
+                             f"{self.layout.source_input} [batch, {dims}], which generate does not take yet",
+                             "run the three files with onnxport.seq2seq.generate_greedy, or infer step by step")
         if prompt < 1:
             raise UsageError("the prompt is empty", "give at least one source token")
         if prompt > self.layout.max_source:

@@ -35,8 +35,9 @@ def variants_info(made: DecoderVariants) -> Diagnostic:
 
 
 def save_feature_extractor(model_dir: str | Path, out: str | Path) -> Path | None:
-    """Copy the speech model's ``preprocessor_config.json`` (Whisper's feature extractor) from its local folder
-    to ``out`` (None when it has none), so that a server can turn audio into the encoder's log-mel features."""
+    """Copy the model's ``preprocessor_config.json`` (a speech model's feature extractor, an image model's
+    processor) from its local folder to ``out`` (None when it has none), so that a server can turn audio into
+    Whisper's log-mel features."""
     src = Path(model_dir) / FEATURE_EXTRACTOR_FILE
     if not src.is_file():
         return None
@@ -86,7 +87,7 @@ def stage(run: Run) -> Run:
                      variants=CacheVariants(o.optimize.variants, o.optimize.budget,
                                             o.bench.threads if o.bench is not None else None))
     diags = export_notes(run, made.layout.generation, fitted, MAX_LENGTH)
-    if made.layout.speech:  # generate takes audio with it
+    if made.layout.source_input != "input_ids":  # features or pixels: Whisper's generate takes audio with it
         save_feature_extractor(run.loaded.source.split(":", 1)[1], run.out)
     if made.variants is not None:
         diags.append(variants_info(made.variants))

@@ -81,7 +81,7 @@ def _references(model: nn.Module, layout: Seq2SeqLayout) -> tuple[list, list, li
     with torch.inference_mode():
         for i, (batch, source, past, new, padded) in enumerate(step_matrix(layout)):
             enc = encoder_inputs(layout, batch, source, padded=padded, seed=i)
-            states, mask = wrappers[0](*enc), None if layout.speech else enc[1]
+            states, mask = wrappers[0](*enc), enc[1] if layout.encoder_mask else None
             ids = decoder_ids(layout, batch, new, i)
             inputs = (first_inputs(layout, ids, states, mask) if past == 0 else
                       with_past_inputs(layout, ids, mask, random_cache(layout, batch, past, states.shape[1], i)))
