@@ -292,8 +292,8 @@ def serve(path: Annotated[Path, typer.Argument(help="an output folder, a .onnx f
             err.print(f"  gRPC (KServe v2 / Triton inference.GRPCInferenceService) on {where}:{grpc_port}")
         for m in app.state.models.values():
             err.print(f"  model {m.name!r} ({m.source.onnx_path.name}): POST {base}/v2/models/{m.name}/infer")
-            if m.generator is not None:
-                err.print(f"    a decoder with its KV cache: POST {base}/v2/models/{m.name}/generate and /generate_stream")
+            for line in m.usage(base):  # the extensions it answers (a decoder's generate)
+                err.print(line)
             if m.source.batching_off:
                 err.print(f"    batching off: {m.source.batching_off}")
 

@@ -21,5 +21,5 @@ def _refused(options: Options) -> Options:
 FAMILY = Family(
     "decoder", (Stage("export_and_proof", stage, checkpoint=True),), detects=wants_cache, refuse=_refused,
     load_task="text-generation", check_seq=False, variant_kind=DECODER, section=SECTION,
-    generator="onnxport.decoder.serving:decoder_generator",
+    extension="onnxport.decoder.serving:GENERATE",
 )

@@ -1,11 +1,13 @@
-"""What ``serve`` generates with for a decoder exported with its KV cache (:data:`onnxport.decoder.family.FAMILY`'s
-``generator``): the layout read back from the served file and report.json, the tokenizer beside it, the
-generation config's rules, and the step loop (:func:`~onnxport.decoder.generation.stream_greedy`)."""
+"""What ``serve`` generates with for a decoder exported with its KV cache (:data:`GENERATE`, the server extension
+:data:`onnxport.decoder.family.FAMILY` adds): the layout read back from the served file and report.json, the
+tokenizer beside it, the generation config's rules, and the step loop
+(:func:`~onnxport.decoder.generation.stream_greedy`); the extension's requests and answers are
+:mod:`onnxport.decoder.extension`'s."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,16 +15,26 @@ from typing import Any
 import numpy as np
 
 from onnxport.core.greedy import GreedyRules
+from onnxport.decoder.extension import (
+    NOT_A_DECODER,
+    GenerateOutcome,
+    GenerateRequest,
+    generate,
+    generate_stream,
+    parse_request,
+)
 from onnxport.decoder.generation import check_room, stream_greedy
 from onnxport.decoder.records import CacheLayout
 from onnxport.decoder.tokenizer import load_tokenizer
+from onnxport.families.serving import Extension, ExtensionMetrics, Verb
 
 DEFAULT_MAX_LENGTH = 128  # the export's default --max-length, for a decoder served without its report.json
 
 
 @dataclass(frozen=True)
 class Generator:
-    """What a served decoder generates with: its cache layout, and its tokenizer when the folder has one."""
+    """What a served decoder generates with: its cache layout, and its tokenizer when the folder has one; bound
+    to its served model, it answers the generate extension (:class:`onnxport.families.serving.Bound`)."""
 
     layout: CacheLayout
     tokenizer: object | None = None
@@ -47,9 +59,30 @@ class Generator:
         """What the served config says of generation: the generation config's rules applied, and those not."""
         return self.rules.config_parameters()
 
+    def source(self, body: dict, model: str) -> np.ndarray | None:
+        """A request's source when it is not a prompt of token ids: none for a decoder."""
+        return None
+
     def check_room(self, prompt: int, new_tokens: int) -> None:
         """UsageError when the prompt and the new tokens do not fit the export's lengths."""
         check_room(self.layout, prompt, new_tokens)
+
+    def request(self, body: object, model: str) -> GenerateRequest:
+        """A generate request checked before anything runs (BadRequest)."""
+        return parse_request(body, self, model)
+
+    def start(self, request: GenerateRequest) -> GenerateOutcome:
+        return GenerateOutcome(request)
+
+    async def answer(self, sess, request: GenerateRequest, model: str, version: str,
+                     outcome: GenerateOutcome) -> dict:
+        """The one answer of ``/generate``."""
+        return await generate(sess, self, request, model, version, outcome)
+
+    def events(self, sess, request: GenerateRequest, model: str, version: str,
+               outcome: GenerateOutcome) -> AsyncIterator[bytes]:
+        """The server-sent events of ``/generate_stream``."""
+        return generate_stream(sess, self, request, model, version, outcome)
 
     def stream(self, sess, ids: np.ndarray, max_tokens: int, rules: GreedyRules) -> Iterator[np.ndarray]:
         """Greedy tokens for the prompt ``ids`` [1, n] under ``rules``, one step at a time."""
@@ -108,3 +141,15 @@ def decoder_generator(sig: Any, onnx_path: Path, report_layout: object = None) -
     if layout is None:
         return None
     return Generator(layout, load_tokenizer(onnx_path.parent))
+
+
+# Triton's generate extension, added to the server by the decoder (and, bound by its own generator, the
+# encoder-decoder): its routes, its metrics and what a model that does not generate answers.
+GENERATE = Extension(
+    "generate", (Verb("generate"), Verb("generate_stream", stream=True)),
+    ExtensionMetrics(("onnxport_generate_requests", "Generate requests by model and outcome"),
+                     ("onnxport_generate_seconds", "Generate request time, first to last token"),
+                     ("onnxport_generated_tokens", "Tokens generated")),
+    absent="model '{model}' is not a decoder: " + NOT_A_DECODER.replace("{", "{{").replace("}", "}}"),
+    usage="    a decoder with its KV cache: POST {base}/v2/models/{model}/generate and /generate_stream",
+    bind=decoder_generator)

@@ -55,10 +55,11 @@ class Family:
     (``refuse``), how it loads (``load``: None, the generic loader; ``load_task``: the task that loader is given;
     ``check_seq``: whether --seq is checked against the loaded dims), the optimize kind whose names --variants
     takes (``variant_kind``: None, the family checks them itself), its report.json section (``section``: the key
-    of ``Outcome.sections``), the generator the server uses (``generator``: ``"module:function"``, called as
-    ``(signature, onnx_path, report_layout)``, None for a model that does not generate) and the file serve and
-    triton take from its output folder when it has no ``best.onnx``/``model.onnx`` (``served``), with the files
-    a repository entry holds together (``files``, the served one last)."""
+    of ``Outcome.sections``), the record its section's ``layout`` is read back into (``layout``: a class with
+    ``from_dict``/``to_dict``), the extension it adds to the server (``extension``: ``"module:attr"`` of a
+    :class:`onnxport.families.serving.Extension`, None for none) and the file serve and triton take from its
+    output folder when it has no ``best.onnx``/``model.onnx`` (``served``), with the files a repository entry
+    holds together (``files``, the served one last)."""
 
     name: str
     stages: tuple[Stage, ...]
@@ -71,16 +72,17 @@ class Family:
     variant_kind: str | None = None
     scratch: bool = False  # the run gets a scratch folder in OUT (run.work), removed at the end
     section: str | None = None
-    generator: str | None = None
+    layout: type | None = None
+    extension: str | None = None
     served: Served | None = None
     files: tuple[str, ...] = ()  # the ONNX files served together (the served one last), beside ``{section}.json``
     parts: Parts | None = None  # a source made of several models: each part proven alone into OUT/<part>/
 
-    def generator_function(self) -> Callable[..., Any] | None:
-        """The server's generator builder ``generator`` names (imported when first asked for)."""
-        if self.generator is None:
+    def server_extension(self) -> Any:
+        """The server extension ``extension`` names (imported when first asked for; None when it names none)."""
+        if self.extension is None:
             return None
-        module, _, name = self.generator.partition(":")
+        module, _, name = self.extension.partition(":")
         return getattr(import_module(module), name)
 
 

@@ -35,6 +35,6 @@ def served_file(out: Path, report: object = None) -> Path | None:
 
 FAMILY = Family(
     "seq2seq", (Stage("export_and_proof", stage, checkpoint=True),), detects=wants_seq2seq, refuse=checked,
-    load=load, check_seq=False, section=SECTION, generator="onnxport.seq2seq.serving:seq2seq_generator",
+    load=load, check_seq=False, section=SECTION, extension="onnxport.seq2seq.serving:EXTENSION",
     served=served_file, files=FILES,
 )

@@ -1,12 +1,13 @@
 """What ``serve`` generates with for an encoder-decoder served from its three files
-(:data:`onnxport.seq2seq.family.FAMILY`'s ``generator``): the layout report.json recorded, the tokenizer and a
-speech model's feature extractor from the output folder, and the step loop
+(:data:`EXTENSION`, the generate extension :data:`onnxport.seq2seq.family.FAMILY` adds to the server, bound by
+:func:`seq2seq_generator`): the layout report.json recorded, the tokenizer and a speech model's feature extractor
+from the output folder, a speech request's source, and the step loop
 (:func:`~onnxport.seq2seq.generation.stream_greedy`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +16,14 @@ import numpy as np
 from onnxport.core.errors import UsageError
 from onnxport.core.greedy import GreedyRules
 from onnxport.core.outdir import served_output_folder
-from onnxport.decoder.serving import Generator, stop_at
+from onnxport.decoder.serving import GENERATE, Generator, stop_at
 from onnxport.decoder.tokenizer import load_tokenizer
 from onnxport.seq2seq.generation import Sessions, open_sessions
 from onnxport.seq2seq.generation import check_room as seq2seq_room
 from onnxport.seq2seq.generation import stream_greedy as seq2seq_stream
 from onnxport.seq2seq.records import FILES, WITH_PAST_FILE, Seq2SeqLayout
 from onnxport.seq2seq.speech import load_feature_extractor, log_mel
+from onnxport.seq2seq.speech_request import speech_source
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,10 @@ class Seq2SeqGenerator(Generator):
 
     def to_dict(self) -> dict:
         return {**super().to_dict(), "feature_extractor": self.extractor is not None}
+
+    def source(self, body: dict, model: str) -> np.ndarray | None:
+        """A speech model's source (features or audio, checked: BadRequest); None for a prompt of token ids."""
+        return speech_source(body, self.layout, self.extractor, model) if self.layout.speech else None
 
     def check_room(self, prompt: int, new_tokens: int) -> None:
         if self.layout.source_input != "input_ids" and not self.layout.speech:
@@ -84,3 +90,6 @@ def seq2seq_generator(sig: Any, onnx_path: Path, report_layout: object = None) -
     folder = served_output_folder(onnx_path)
     extractor = load_feature_extractor(folder, layout) if layout.speech else None
     return Seq2SeqGenerator(layout, load_tokenizer(folder), open_sessions(onnx_path.parent), extractor)
+
+
+EXTENSION = replace(GENERATE, bind=seq2seq_generator)  # the decoder's generate extension, for the three files

@@ -1,4 +1,5 @@
-"""The FastAPI app: OIP v2 / Triton HTTP routes, Prometheus metrics and Triton-style statistics."""
+"""The FastAPI app: OIP v2 / Triton HTTP routes (with those of the extensions the families add), Prometheus
+metrics and Triton-style statistics."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import generate_latest as exposition
 from starlette.datastructures import State
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
@@ -21,6 +23,7 @@ from starlette.requests import ClientDisconnect
 from onnxport.core.errors import UsageError
 from onnxport.core.options import RuntimeOptions
 from onnxport.core.version import __version__ as ONNXPORT_VERSION
+from onnxport.families.serving import Extension, Verb, extensions
 from onnxport.serve.batcher import InferenceError, ShuttingDown
 from onnxport.serve.models import DEFAULT_MAX_BODY_BYTES, discover
 from onnxport.serve.protocol import BadRequest, InferRequest, encode, inflate, split_body
@@ -89,7 +92,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 async def _json_body(request: Request, limit: int) -> object:
-    """The body of a JSON-only route (generate), inflated and parsed (in the parse pool when large)."""
+    """The body of a JSON-only route (an extension's), inflated and parsed (in the parse pool when large)."""
     body = await _read_body(request, limit)
     encoding = request.headers.get("content-encoding", "identity")
     return await offload(len(body), lambda: split_body(inflate(body, encoding, limit), None)[0])
@@ -142,7 +145,8 @@ class Handlers:
         return bool(self.state.ready and self.state.gate.open)
 
     async def server_metadata(self) -> dict:
-        return {"name": SERVER_NAME, "version": ONNXPORT_VERSION, "extensions": [*EXTENSIONS, "generate"]}
+        return {"name": SERVER_NAME, "version": ONNXPORT_VERSION,
+                "extensions": [*EXTENSIONS, *(ext.name for ext in extensions())]}
 
     async def live(self) -> Response:
         return Response(status_code=200)
@@ -192,38 +196,45 @@ class Handlers:
         headers["Inference-Header-Content-Length"] = str(header_length)
         return Response(payload, media_type="application/octet-stream", headers=headers)
 
-    async def _generation(self, name: str, request: Request, version: str | None):
-        """The model, the request and its outcome of a generate route (a bad request is a 4xx here)."""
+    async def extension(self, ext: Extension, verb: Verb, name: str, request: Request,
+                        version: str | None = None) -> Response:
+        """A verb of an extension: the request checked (a bad request is a 4xx here, before any stream starts),
+        then one JSON answer or server-sent events."""
         m = self._find(name, version)
-        body = await _json_body(request, self.state.max_body_bytes) if m.generator else None
-        return (m, *m.generate_request(body))
-
-    async def generate(self, name: str, request: Request, version: str | None = None) -> Response:
-        m, req, outcome = await self._generation(name, request, version)
-        return JSONResponse(await m.generate(req, outcome))
-
-    async def generate_stream(self, name: str, request: Request, version: str | None = None) -> Response:
-        m, req, outcome = await self._generation(name, request, version)  # 4xx before the stream starts
-        return StreamingResponse(m.generate_stream(req, outcome), media_type="text/event-stream; charset=utf-8",
+        body = await _json_body(request, self.state.max_body_bytes) if ext.name in m.extensions else None
+        req, outcome = m.extension_request(ext, body)
+        if not verb.stream:
+            return JSONResponse(await m.answer(ext, req, outcome))
+        return StreamingResponse(m.events(ext, req, outcome), media_type="text/event-stream; charset=utf-8",
                                  headers={"Cache-Control": "no-cache"})
 
+    def verb(self, ext: Extension, verb: Verb) -> Callable[..., Awaitable[Response]]:
+        """The route handler of ``verb`` of ``ext``."""
+
+        async def handler(name: str, request: Request, version: str | None = None) -> Response:
+            return await self.extension(ext, verb, name, request, version)
+
+        return handler
+
     async def prometheus(self) -> Response:
-        return Response(generate_latest(self.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(exposition(self.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 @dataclass(frozen=True)
 class Route:
-    """One row of the route table: an HTTP method, a path and the name of its :class:`Handlers` method."""
+    """One row of the route table: an HTTP method, a path and the name of its :class:`Handlers` method (or, for
+    an extension's verb, the extension and the verb)."""
 
     method: str
     path: str
     handler: str
+    extension: tuple[Extension, Verb] | None = None
 
 
 _MODEL = "/v2/models/{name}"
 _VERSION = "/v2/models/{name}/versions/{version}"
 
-# The OIP v2 / Triton HTTP routes, in the order they are matched.
+# The OIP v2 / Triton HTTP routes, in the order they are matched (the extensions' after infer: :func:`routes`).
 ROUTES: tuple[Route, ...] = (
     Route("GET", "/v2", "server_metadata"),
     Route("GET", "/v2/health/live", "live"),
@@ -240,12 +251,16 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v2/repository/index", "repository_index"),
     Route("POST", f"{_VERSION}/infer", "infer"),
     Route("POST", f"{_MODEL}/infer", "infer"),
-    Route("POST", f"{_VERSION}/generate", "generate"),
-    Route("POST", f"{_MODEL}/generate", "generate"),
-    Route("POST", f"{_VERSION}/generate_stream", "generate_stream"),
-    Route("POST", f"{_MODEL}/generate_stream", "generate_stream"),
     Route("GET", "/metrics", "prometheus"),
 )
+
+
+def routes() -> tuple[Route, ...]:
+    """:data:`ROUTES` with every verb of the families' extensions after infer: ``POST
+    /v2/models/{name}[/versions/{version}]/{verb}``."""
+    added = tuple(Route("POST", f"{path}/{verb.name}", "extension", (ext, verb))
+                  for ext in extensions() for verb in ext.verbs for path in (_VERSION, _MODEL))
+    return (*ROUTES[:-1], *added, ROUTES[-1])
 
 
 def _lifespan(models: list[ServedModel]):
@@ -264,7 +279,7 @@ def _lifespan(models: list[ServedModel]):
 
 def build_app(models: list[ServedModel], metrics: Metrics, *, max_body_bytes: int,
               gate: Gate | None = None) -> FastAPI:
-    """The FastAPI app serving ``models``: :data:`ROUTES` on a :class:`Handlers`, :data:`ERROR_HANDLERS`, the
+    """The FastAPI app serving ``models``: :func:`routes` on a :class:`Handlers`, :data:`ERROR_HANDLERS`, the
     drain middleware. ``app.state`` keeps what a gRPC front shares with it: ``models`` (by name), ``metrics``,
     ``gate`` (closed on shutdown: new requests get 503) and ``max_body_bytes``."""
     gate = gate if gate is not None else Gate()
@@ -279,8 +294,9 @@ def build_app(models: list[ServedModel], metrics: Metrics, *, max_body_bytes: in
     for exc, on_error in ERROR_HANDLERS:
         app.add_exception_handler(exc, on_error)
     handlers = Handlers(app.state, models)
-    for route in ROUTES:
-        app.add_api_route(route.path, getattr(handlers, route.handler), methods=[route.method])
+    for route in routes():
+        endpoint = handlers.verb(*route.extension) if route.extension else getattr(handlers, route.handler)
+        app.add_api_route(route.path, endpoint, methods=[route.method])
     return app
 
 

@@ -10,16 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
+from onnxport.families.serving import BadRequest
 from onnxport.serve.models import NUMPY_DTYPES, Signature
-
-
-class BadRequest(Exception):
-    """A request the client must fix (HTTP 400 unless ``status`` says otherwise)."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
 
 
 @dataclass(frozen=True)

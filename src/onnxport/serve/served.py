@@ -1,5 +1,6 @@
 """What one server process serves, shared by its HTTP and gRPC fronts: the loaded models with their sessions
-and batchers, the Prometheus metrics, Triton-style statistics and the gate that drains requests on shutdown."""
+and batchers (and the extensions the families bind to them), the Prometheus metrics, Triton-style statistics and
+the gate that drains requests on shutdown."""
 
 from __future__ import annotations
 
@@ -7,26 +8,17 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import TypeVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from onnxport.core.errors import UsageError
 from onnxport.core.options import RuntimeOptions
+from onnxport.families.serving import Bound, Extension, Outcome, bind, extensions
 from onnxport.runtime.sessions import CPU, runtime_providers, session
 from onnxport.runtime.variant_sessions import is_openvino, open_for, providers_for, without_cuda_graph
 from onnxport.serve.batcher import Batcher, BatchStats, InferenceError, Outputs
-from onnxport.serve.generate import (
-    NOT_A_DECODER,
-    GenerateOutcome,
-    GenerateRequest,
-    Generator,
-    generate,
-    generate_stream,
-    load_generator,
-    parse_request,
-)
 from onnxport.serve.models import DEFAULT_MAX_BATCH, DEFAULT_MAX_DELAY_MS, ModelSource, Signature, signature
 from onnxport.serve.protocol import BadRequest, InferRequest, decode, parse_body
 from onnxport.serve.triton import model_config
@@ -74,12 +66,23 @@ class Metrics:
                                       ["model"], buckets=TIME_BUCKETS, registry=self.registry)
         self.batch_size = Histogram("onnxport_batch_size", "Rows per ONNX Runtime run", ["model"],
                                     buckets=BATCH_BUCKETS, registry=self.registry)
-        self.generate_requests = Counter("onnxport_generate_requests", "Generate requests by model and outcome",
-                                         ["model", "outcome"], registry=self.registry)
-        self.generate_time = Histogram("onnxport_generate_seconds", "Generate request time, first to last token",
-                                       ["model"], buckets=TIME_BUCKETS, registry=self.registry)
-        self.generated_tokens = Counter("onnxport_generated_tokens", "Tokens generated", ["model"],
-                                        registry=self.registry)
+        self.extensions = {ext.name: ExtensionCounters(ext, self.registry) for ext in extensions()}
+
+
+class ExtensionCounters:
+    """The Prometheus metrics of one server extension (:attr:`Extension.metrics`): requests by model and
+    outcome, their seconds, the units they produced."""
+
+    def __init__(self, ext: Extension, registry: CollectorRegistry) -> None:
+        m = ext.metrics
+        self.requests = Counter(*m.requests, ["model", "outcome"], registry=registry)
+        self.seconds = Histogram(*m.seconds, ["model"], buckets=TIME_BUCKETS, registry=registry)
+        self.units = Counter(*m.units, ["model"], registry=registry)
+
+    def count(self, model: str, outcome: Outcome) -> None:
+        self.requests.labels(model, "failure" if outcome.error else "success").inc()
+        self.seconds.labels(model).observe(outcome.seconds)
+        self.units.labels(model).inc(outcome.count)
 
 
 class Gate:
@@ -151,49 +154,48 @@ class ServedModel:
     batcher: Batcher
     stats: Stats
     metrics: Metrics
-    generator: Generator | None = None  # a decoder with its cache: the generate extension serves it
+    extensions: dict[str, Bound] = field(default_factory=dict)  # the server extensions it answers, by name
 
     @property
     def name(self) -> str:
         return self.source.name
 
-    def generate_request(self, body: object) -> tuple[GenerateRequest, GenerateOutcome]:
-        """Check a generate request before anything runs (BadRequest, counted as a failure)."""
+    def extension_request(self, ext: Extension, body: object) -> tuple[Any, Outcome]:
+        """Check a request to the extension ``ext`` before anything runs (BadRequest, counted as a failure:
+        ``ext.absent`` when the model does not answer it)."""
         try:
-            if self.generator is None:
-                raise BadRequest(f"model '{self.name}' is not a decoder: {NOT_A_DECODER}")
-            req = parse_request(body, self.generator, self.name)
+            bound = self.extensions.get(ext.name)
+            if bound is None:
+                raise BadRequest(ext.absent.format(model=self.name))
+            req = bound.request(body, self.name)
         except BadRequest:
-            self.metrics.generate_requests.labels(self.name, "failure").inc()
+            self.metrics.extensions[ext.name].requests.labels(self.name, "failure").inc()
             raise
-        return req, GenerateOutcome(req)
+        return req, bound.start(req)
 
-    async def generate(self, req: GenerateRequest, outcome: GenerateOutcome) -> dict:
-        """The one answer of ``/generate`` (counted in the metrics)."""
-        assert self.generator is not None
+    async def answer(self, ext: Extension, req: Any, outcome: Outcome) -> dict:
+        """The one answer of a verb of ``ext`` (counted in the metrics)."""
         try:
-            answer = await generate(self.session, self.generator, req, self.name, self.source.version, outcome)
+            return await self.extensions[ext.name].answer(self.session, req, self.name, self.source.version,
+                                                          outcome)
         except Exception as e:
             outcome.error = str(e)
             raise
         finally:
-            self._generated(outcome)
-        return answer
+            self.metrics.extensions[ext.name].count(self.name, outcome)
 
-    async def generate_stream(self, req: GenerateRequest, outcome: GenerateOutcome) -> AsyncIterator[bytes]:
-        """The server-sent events of ``/generate_stream`` (counted in the metrics once the stream ends)."""
-        assert self.generator is not None
+    async def events(self, ext: Extension, req: Any, outcome: Outcome) -> AsyncIterator[bytes]:
+        """The server-sent events of a streaming verb of ``ext`` (counted in the metrics once the stream ends)."""
         try:
-            async for event in generate_stream(self.session, self.generator, req, self.name, self.source.version,
-                                               outcome):
+            async for event in self.extensions[ext.name].events(self.session, req, self.name, self.source.version,
+                                                                outcome):
                 yield event
         finally:
-            self._generated(outcome)
+            self.metrics.extensions[ext.name].count(self.name, outcome)
 
-    def _generated(self, outcome: GenerateOutcome) -> None:
-        self.metrics.generate_requests.labels(self.name, "failure" if outcome.error else "success").inc()
-        self.metrics.generate_time.labels(self.name).observe(outcome.seconds)
-        self.metrics.generated_tokens.labels(self.name).inc(outcome.count)
+    def usage(self, base: str) -> list[str]:
+        """What a server start prints of the extensions this model answers (beside its infer route)."""
+        return [ext.usage.format(base=base, model=self.name) for ext in extensions() if ext.name in self.extensions]
 
     def metadata(self) -> dict:
         return {"name": self.name, "versions": [self.source.version], "platform": "onnxruntime_onnx",
@@ -207,8 +209,8 @@ class ServedModel:
             config.setdefault("parameters", {})["onnxport_batching"] = {"string_value": f"off: {self.source.batching_off}"}
         for sym, rule in (self.source.constrained_dims or {}).items():  # proven at these sizes only
             config.setdefault("parameters", {})[f"onnxport_constrained_dim_{sym}"] = {"string_value": rule}
-        if self.generator is not None:  # which of the generation config's rules generate applies, and which not
-            for key, text in self.generator.config_parameters().items():
+        for bound in self.extensions.values():  # what an extension says of the model (rules it applies or not)
+            for key, text in bound.config_parameters().items():
                 config.setdefault("parameters", {})[key] = {"string_value": text}
         return config
 
@@ -332,6 +334,5 @@ def load(source: ModelSource, max_batch: int | None, max_delay_ms: float | None,
         metrics.compute.labels(source.name).observe(seconds)
 
     batcher = Batcher(run, batched=batchable, max_batch=batch_limit, max_delay_ms=delay, on_batch=on_batch)
-    generator = load_generator(sig, source.onnx_path, source.decoder_layout)
-    return ServedModel(source, sig, sess, batch_limit if batchable else 0, delay, batcher, Stats(), metrics,
-                       generator)
+    bound = bind(sig, source.onnx_path, source.decoder_layout)
+    return ServedModel(source, sig, sess, batch_limit if batchable else 0, delay, batcher, Stats(), metrics, bound)

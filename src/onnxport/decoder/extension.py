@@ -1,7 +1,9 @@
-"""Triton's generate extension for decoders and encoder-decoders served with their cache: ``POST
-/v2/models/{m}/generate`` (one JSON answer) and ``.../generate_stream`` (server-sent events, one per token, then
-a final one). Text in and out when the model folder has a ``tokenizer/``, token ids (``input_ids`` in,
-``output_ids`` out) always; a speech model (Whisper) takes ``input_features`` or ``audio`` (:mod:`.speech`)."""
+"""Triton's generate extension for decoders and encoder-decoders served with their cache (the
+:class:`~onnxport.families.serving.Extension` :data:`onnxport.decoder.serving.GENERATE` adds to the server):
+``POST /v2/models/{m}/generate`` (one JSON answer) and ``.../generate_stream`` (server-sent events, one per token,
+then a final one). Text in and out when the model folder has a ``tokenizer/``, token ids (``input_ids`` in,
+``output_ids`` out) always; a speech model (Whisper) takes ``input_features`` or ``audio`` (its generator's
+``source``)."""
 
 from __future__ import annotations
 
@@ -11,17 +13,13 @@ import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
-from onnxport import families
 from onnxport.core.errors import UsageError
 from onnxport.core.greedy import GreedyRules
-from onnxport.serve.models import Signature
-from onnxport.serve.protocol import BadRequest
-from onnxport.serve.speech import speech_source
+from onnxport.families.serving import BadRequest
 
 DEFAULT_MAX_TOKENS = 16
 MAX_TOKENS_LIMIT = 4096
@@ -33,16 +31,18 @@ NOT_A_DECODER = ("generate needs a decoder exported with its KV cache (inputs in
 
 
 class Generator(Protocol):
-    """What the generate extension asks of a model family's generator (:attr:`onnxport.families.Family.generator`
-    builds one per served model): its layout (``vocab``, ``max_length``; ``speech`` for audio in), its
-    tokenizer (None: token ids only), the generation config's rules, a check of the room left, and the step
-    loop; a speech model's feature extractor as ``extractor``."""
+    """What the generate extension asks of a model family's generator (its extension's ``bind`` makes one per
+    served model): its layout (``vocab``, ``max_length``), its tokenizer (None: token ids only), the generation
+    config's rules, a request's source when it is not a prompt of token ids (a speech model's features or
+    audio), a check of the room left, and the step loop."""
 
     layout: Any
     tokenizer: Any
 
     @property
     def rules(self) -> GreedyRules: ...
+
+    def source(self, body: dict, model: str) -> np.ndarray | None: ...
 
     def check_room(self, prompt: int, new_tokens: int) -> None: ...
 
@@ -68,16 +68,6 @@ class GenerateRequest:
         shape = None if self.source is None else list(self.source.shape)
         return {"id": self.id, "input_ids": list(self.input_ids), "max_tokens": self.max_tokens,
                 "ignore_eos": self.ignore_eos, **({"source_shape": shape} if shape else {})}
-
-
-def load_generator(sig: Signature, onnx_path: Path, report_layout: object = None) -> Generator | None:
-    """The generator of a served model that generates (None for any other model): the one the first model
-    family's ``generator`` builds for it (:mod:`onnxport.families`)."""
-    for family in families.families():
-        make = family.generator_function()
-        if make is not None and (gen := make(sig, onnx_path, report_layout)) is not None:
-            return gen
-    return None
 
 
 def _int(value: object) -> bool:
@@ -141,11 +131,10 @@ def parse_request(body: object, gen: Generator, model: str) -> GenerateRequest:
     if request_id is not None and not isinstance(request_id, str):
         raise BadRequest("'id' must be a string")
     max_tokens, ignore_eos = _parameters(body.get("parameters"))
-    speech = bool(getattr(gen.layout, "speech", False))
-    source = speech_source(body, gen.layout, getattr(gen, "extractor", None), model) if speech else None
-    ids = () if speech else _prompt(body, gen, model)
+    source = gen.source(body, model)  # a speech model's features or audio; None: a prompt of token ids
+    ids = () if source is not None else _prompt(body, gen, model)
     try:
-        gen.check_room(1 if speech else len(ids), max_tokens)
+        gen.check_room(1 if source is not None else len(ids), max_tokens)
     except UsageError as e:
         raise BadRequest(f"{e.message}: {e.hint}") from None
     return GenerateRequest(request_id, ids, max_tokens, ignore_eos, source)

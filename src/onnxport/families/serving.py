@@ -1,0 +1,108 @@
+"""What a family's server part is written against (docs/architecture.md, "Model families"): the
+:class:`Extension` a family adds to the server (its name in the server metadata, the verbs POSTed to
+``/v2/models/{name}/{verb}``, its metrics, what a model without it answers) and the :class:`Bound` answer of
+one served model; :class:`BadRequest`, what a client must fix. Below the families' packages, so that their
+server parts and ``serve/`` share these without naming each other."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from onnxport.families.registry import families
+
+
+class BadRequest(Exception):
+    """A request the client must fix (HTTP 400 unless ``status`` says otherwise)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Verb:
+    """One route of an extension, ``POST /v2/models/{name}[/versions/{version}]/{name}``: answered with one JSON
+    object, or (``stream``) with server-sent events."""
+
+    name: str
+    stream: bool = False
+
+
+@dataclass(frozen=True)
+class ExtensionMetrics:
+    """The Prometheus metrics of an extension, each ``(name, help)``: its requests by model and outcome (a
+    counter), their seconds (a histogram) and the units they produced (a counter)."""
+
+    requests: tuple[str, str]
+    seconds: tuple[str, str]
+    units: tuple[str, str]
+
+
+class Outcome(Protocol):
+    """What one extension request did, for the metrics: the units it produced, its error, its seconds."""
+
+    count: int
+    error: str | None
+
+    @property
+    def seconds(self) -> float: ...
+
+
+class Bound(Protocol):
+    """An extension bound to one served model: a request checked before anything runs (BadRequest), its outcome
+    started, its answer (one JSON object, or events), and the parameters it adds to the model's config."""
+
+    def request(self, body: object, model: str) -> Any: ...
+
+    def start(self, request: Any) -> Outcome: ...
+
+    async def answer(self, sess: Any, request: Any, model: str, version: str, outcome: Outcome) -> dict: ...
+
+    def events(self, sess: Any, request: Any, model: str, version: str,
+               outcome: Outcome) -> AsyncIterator[bytes]: ...
+
+    def config_parameters(self) -> dict[str, str]: ...
+
+
+# (the served model's signature, its served file, its family's layout record or None) -> bound, None: not this
+Bind = Callable[[Any, Path, object], "Bound | None"]
+
+
+@dataclass(frozen=True)
+class Extension:
+    """A server extension a family adds: its ``name`` (listed in the server metadata), its ``verbs``, its
+    ``metrics``, ``absent`` (what a model without it answers, formatted with ``model``), ``usage`` (the line a
+    server start prints for a model with it, formatted with ``base`` and ``model``) and ``bind`` (the family's
+    part: the extension bound to a served model). Families adding the same ``name`` share its routes and
+    metrics (the first one's), each binding its own models."""
+
+    name: str
+    verbs: tuple[Verb, ...]
+    metrics: ExtensionMetrics
+    absent: str
+    usage: str
+    bind: Bind
+
+
+def extensions() -> tuple[Extension, ...]:
+    """The extensions the families add, one per name, in the families' order."""
+    found: dict[str, Extension] = {}
+    for family in families():
+        ext = family.server_extension()
+        if ext is not None:
+            found.setdefault(ext.name, ext)
+    return tuple(found.values())
+
+
+def bind(sig: Any, served: Path, layout: object = None) -> dict[str, Bound]:
+    """The extensions a served model answers, by name: for each, the first family's that binds it."""
+    bound: dict[str, Bound] = {}
+    for family in families():
+        ext = family.server_extension()
+        if ext is not None and ext.name not in bound and (b := ext.bind(sig, served, layout)) is not None:
+            bound[ext.name] = b
+    return bound
