@@ -99,7 +99,7 @@ def run_pipeline(source: str, out: str | Path, options: Options = Options(), pro
     parts = family.parts(source) if family.parts is not None else ()
     if parts:
         family.refuse(options)
-        return _run_parts(parts, Path(out), options, progress)
+        return _run_parts(family, source, parts, Path(out), options, progress)
     return _run_family(family, source, out, options, progress)
 
 
@@ -128,10 +128,12 @@ def _run_family(family: Family, source: str, out: str | Path, options: Options, 
 _WORST = ("export_failed", "validation_failed", "ok")
 
 
-def _run_parts(parts: Sequence[families.Part], out: Path, options: Options, progress: Progress) -> dict:
+def _run_parts(family: Family, source: str, parts: Sequence[families.Part], out: Path, options: Options,
+               progress: Progress) -> dict:
     """A model made of several: each part through its own family's stages into ``out/<part>/``, then one report
-    in ``out`` headed by the main part's, with every part's status under ``components``; the worst status is
-    the whole one's (a part that raises stops the run; the parts before it stay complete in their folders)."""
+    in ``out`` headed by the main part's, with every part's status under ``components`` and the family's proof
+    of the parts together under ``joint_proof``; the worst status is the whole one's (a part that raises stops
+    the run; the parts before it stay complete in their folders)."""
     check_out(out, options.force)
     reports: dict[str, dict] = {}
     for part in parts:
@@ -142,9 +144,18 @@ def _run_parts(parts: Sequence[families.Part], out: Path, options: Options, prog
     main = next((p.name for p in parts if p.main), parts[-1].name)
     rep = dict(reports[main])
     rep["status"] = min((r["status"] for r in reports.values()), key=_WORST.index)
+    joint = None
+    if family.joint is not None and rep["status"] == "ok":
+        progress("proving the models together")
+        joint = family.joint(source, out, tuple(parts), options)
+    if joint is not None:
+        rep["joint_proof"] = joint.to_dict()
+        if not joint.passed:
+            rep["status"] = "validation_failed"
     proven = [n for n, r in reports.items() if r["status"] == "ok"]
-    rep["summary"] = (f"{len(proven)}/{len(reports)} models proven ({', '.join(reports)}); "
-                      f"{main}: {reports[main].get('summary', '')}")
+    rep["summary"] = (f"{len(proven)}/{len(reports)} models proven ({', '.join(reports)})"
+                      + (f"; {joint.summary}" if joint is not None else "")
+                      + f"; {main}: {reports[main].get('summary', '')}")
     if rep.get("export", {}).get("path"):
         rep["export"] = {**rep["export"], "path": f"{main}/{rep['export']['path']}"}
     rep["components"] = [{"name": p.name, "source": p.source, "status": reports[p.name]["status"],

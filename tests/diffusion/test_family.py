@@ -100,15 +100,55 @@ def test_dit_transformers_are_proven(folders, tmp_path, kind):
     assert rep["status"] == "ok", rep["summary"]
 
 
-@pytest.mark.slow
-def test_a_pipeline_folder_is_every_model_proven_in_optimums_layout(folders, tmp_path):
-    out = tmp_path / "sd"
+@pytest.fixture(scope="module")
+def pipeline_out(folders, tmp_path_factory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("sd") / "out"
     proc = run_cli("export", f"hf:{folders / 'pipeline'}", "-o", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc.stderr
+
+
+@pytest.mark.slow
+def test_a_pipeline_folder_is_every_model_proven_in_optimums_layout(pipeline_out):
+    out, stderr = pipeline_out
     rep = load_report(out)
     assert [c["name"] for c in rep["components"]] == ["text_encoder", "unet", "vae_encoder", "vae_decoder"]
     assert all(c["status"] == "ok" for c in rep["components"])
     for c in rep["components"]:
         assert (out / c["file"]).is_file() and load_report(out / c["name"])["status"] == "ok"
     assert rep["model"]["name"] == "UNet2DConditionModel" and rep["export"]["path"] == "unet/model.onnx"
-    assert "4/4 models proven" in proc.stderr
+    assert "4/4 models proven" in stderr
+
+
+@pytest.mark.slow
+def test_the_pipeline_is_proven_end_to_end_by_denoising(pipeline_out):
+    out, stderr = pipeline_out
+    joint = load_report(out)["joint_proof"]
+    assert joint["passed"] and joint["compared"] == "image" and joint["steps"] == 3
+    assert joint["scheduler"] == "DDIMScheduler" and joint["max_abs_err"] < 1e-3 and joint["cosine"] > 0.9999
+    assert joint["spread"] > 100 * joint["tolerance"]["atol"]  # an image that varies: the proof could fail
+    assert "end-to-end: 3 DDIMScheduler steps" in stderr
+
+
+@pytest.mark.slow
+def test_the_end_to_end_proof_fails_on_a_slightly_wrong_unet(folders, pipeline_out, tmp_path):
+    import shutil
+
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from onnxport.core.options import Options
+    from onnxport.diffusion import denoise
+
+    out = tmp_path / "out"
+    shutil.copytree(pipeline_out[0], out)
+    model = onnx.load(str(out / "unet" / "model.onnx"))
+    for i, init in enumerate(model.graph.initializer):  # the last conv: 2 % off, each step feeds the next
+        if init.name.endswith("conv_out.weight"):
+            model.graph.initializer[i].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * np.float32(1.02),
+                                                                        init.name))
+    onnx.save(model, str(out / "unet" / "model.onnx"))
+    source = f"hf:{folders / 'pipeline'}"
+    proof = denoise.prove(source, out, parts(source), Options())
+    assert proof is not None and not proof.passed and "outside" in (proof.why or "")

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from onnxport.core.errors import UsageError
 from onnxport.core.options import Options
+from onnxport.diffusion import denoise
 from onnxport.diffusion.component import class_name, folder_of, load
 from onnxport.diffusion.parts import is_pipeline, parts
 from onnxport.families import PIPELINE_STAGES, Family
@@ -42,4 +43,5 @@ def refused(options: Options) -> Options:
 
 
 FAMILY = Family("diffusion", PIPELINE_STAGES, detects=wants_diffusion, refuse=refused, device_first=True,
-                load=load, variant_kind=MODEL, scratch=True, parts=parts)
+                load=load, variant_kind=MODEL, scratch=True, parts=parts,
+                joint=denoise.prove)

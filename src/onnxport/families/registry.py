@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import import_module
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from onnxport.core.options import Options
 from onnxport.families.run import Stage
@@ -34,6 +34,21 @@ class Part:
 
 
 Parts = Callable[[str], "tuple[Part, ...]"]  # source -> its parts, each run through the one pipeline (): one model
+
+
+class JointProof(Protocol):
+    """What a family proves over its parts together once each is proven alone (a pipeline's denoising run)."""
+
+    passed: bool
+
+    @property
+    def summary(self) -> str: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+# (source, OUT, the parts, options) -> the proof over the parts together (None: nothing to prove)
+Joint = Callable[[str, Path, "tuple[Part, ...]", Options], "JointProof | None"]
 
 # The built-in families, in the order detection tries them (the plain model, whose ``detects`` is None, is the
 # one taken when no other is). A new family is its package and one line here.
@@ -77,6 +92,7 @@ class Family:
     served: Served | None = None
     files: tuple[str, ...] = ()  # the ONNX files served together (the served one last), beside ``{section}.json``
     parts: Parts | None = None  # a source made of several models: each part proven alone into OUT/<part>/
+    joint: Joint | None = None  # then proven together (its record under report.json's ``joint_proof``)
 
     def server_extension(self) -> Any:
         """The server extension ``extension`` names (imported when first asked for; None when it names none)."""
