@@ -8,7 +8,7 @@ from pathlib import Path
 
 from torch import nn
 
-from onnxport.core.errors import SourceError, UsageError
+from onnxport.core.errors import UsageError
 from onnxport.core.logs import Progress, noop
 from onnxport.core.onnxfile import move_model, remove_model
 from onnxport.core.records import FP32, Tolerance
@@ -24,6 +24,7 @@ from onnxport.seq2seq.records import FILES, Seq2SeqOutcome, final_name
 from onnxport.seq2seq.source import describe
 from onnxport.seq2seq.variants import optimize_seq2seq
 from onnxport.sources.base import LoadedModel, count_parameters
+from onnxport.sources.hf import hf_model
 
 MAX_LENGTH = 128  # decoder tokens the self-attention cache holds
 MAX_SOURCE = 512  # source tokens (capped by the model's positions)
@@ -40,23 +41,14 @@ def wants_seq2seq(source: str, task: str | None) -> bool:
 
 
 def load(source: str, *, trust_remote_code: bool = False, **_: object) -> LoadedModel:
-    """The encoder-decoder in ``hf:DIR`` (local only), loaded with the class its config names; its inputs are
-    the encoder's. (The generic loader runs the model's forward, which needs decoder inputs here.)"""
-    import transformers
-
+    """The encoder-decoder in ``hf:DIR`` (local only), loaded by the one ``hf:DIR`` loader
+    (:func:`onnxport.sources.hf.hf_model`) with the class its config names and its cache kept; its inputs are the
+    encoder's. (The plain loader also runs the model's forward, which needs decoder inputs here.)"""
     path = Path(source.split(":", 1)[1])
     if not is_seq2seq(path):
         raise UsageError(f"{path} holds no encoder-decoder that generates", NO_CACHE_HINT)
-    transformers.utils.logging.set_verbosity_error()
-    config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True,
-                                                     trust_remote_code=trust_remote_code)
-    arch = next(a for a in config.architectures if hasattr(transformers, a))
-    try:
-        model = getattr(transformers, arch).from_pretrained(str(path), local_files_only=True,
-                                                            trust_remote_code=trust_remote_code).eval()
-    except (OSError, ValueError) as e:
-        raise SourceError(f"cannot load the model in {path}: {str(e).splitlines()[0][:200]}",
-                          "the directory needs the weights saved by save_pretrained()") from None
+    model = hf_model(path, trust_remote_code=trust_remote_code).eval()
+    config, arch = model.config, type(model).__name__
     found = describe(model)
     inputs = (InputSpec(found.name, "int64" if found.name == "input_ids" else "float32", ("batch", *found.dims)),
               *(InputSpec(n, "int64", ("batch", "source")) for n in found.masks_named))

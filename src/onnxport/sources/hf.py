@@ -31,6 +31,23 @@ TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 def load_hf(source: str, inputs: list[InputSpec], dims: list[Dim], *, task: str | None = None,
             trust_remote_code: bool = False) -> LoadedModel:
     path = Path(source.split(":", 1)[1])
+    model = hf_model(path, task=task, trust_remote_code=trust_remote_code, cache=False)
+    import transformers
+
+    config = model.config
+    model.config.return_dict = True
+    names = _input_names(transformers, path, model)
+    specs, ranges, defaults = _specs(config, names, path, tokens=_position_limit(model))
+    arch = type(model).__name__
+    return finish(source, arch, "hf", model, declared_or(inputs, specs), dims,
+                  Finishing(defaults=defaults, ranges=ranges,
+                            extra={"model_type": getattr(config, "model_type", None), "architecture": arch}))
+
+
+def hf_model(path: Path, *, task: str | None = None, trust_remote_code: bool = False, cache: bool = True):
+    """The model saved in the local directory ``path``, offline, with the class its config names (``task``: that
+    task's auto class); ``cache`` False turns the config's ``use_cache`` off (a plain forward returns no cache).
+    A directory, config or weights that do not load is a SourceError; no transformers, a missing dependency."""
     if not path.is_dir():
         raise SourceError(f"Hugging Face model directory not found: {path}", "hf:DIR takes a local directory")
     if not (path / "config.json").is_file():
@@ -58,21 +75,14 @@ def load_hf(source: str, inputs: list[InputSpec], dims: list[Dim], *, task: str 
         raise SourceError(f"cannot read {path / 'config.json'}: {str(e).splitlines()[0][:200]}",
                           "pass --trust-remote-code if this model needs its own code (only for code you trust)") from None
     cls = _model_class(transformers, config, task)
-    if hasattr(config, "use_cache"):
+    if not cache and hasattr(config, "use_cache"):
         config.use_cache = False
     try:
-        model = cls.from_pretrained(str(path), config=config, local_files_only=True,
-                                    trust_remote_code=trust_remote_code)
+        return cls.from_pretrained(str(path), config=config, local_files_only=True,
+                                   trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
         raise SourceError(f"cannot load the model in {path}: {str(e).splitlines()[0][:200]}",
                           "the directory needs the weights saved by save_pretrained()") from None
-    model.config.return_dict = True
-    names = _input_names(transformers, path, model)
-    specs, ranges, defaults = _specs(config, names, path, tokens=_position_limit(model))
-    arch = type(model).__name__
-    return finish(source, arch, "hf", model, declared_or(inputs, specs), dims,
-                  Finishing(defaults=defaults, ranges=ranges,
-                            extra={"model_type": getattr(config, "model_type", None), "architecture": arch}))
 
 
 def _model_class(transformers, config, task: str | None):
