@@ -43,10 +43,11 @@ def _saved(family: str, root: Path):
 
 
 def _generates_as_pytorch(model, out: Path, section: dict) -> None:
-    """The files' greedy loop on other sources (a padded batch where the length varies) gives the tokens
-    ``model.generate()`` gives with the model's own generation config, and they vary."""
+    """The files' greedy loop on other sources (a padded batch of 40 and 37 where the length varies: LED's
+    tokens span five windows, Speech2Text's frames ten positions) gives the tokens ``model.generate()`` gives
+    with the model's own generation config, and they vary."""
     layout = seq2seq.Seq2SeqLayout.from_dict(section["layout"])
-    inputs = encoder_inputs(layout, 2, 9, padded=True, seed=5)
+    inputs = encoder_inputs(layout, 2, 40, padded=True, seed=5)
     got = seq2seq.generate_greedy(seq2seq.open_sessions(out), layout, [t.numpy() for t in inputs], 12)
     with torch.inference_mode():
         want = model.generate(**dict(zip(layout.encoder_inputs, inputs)), max_new_tokens=12)[:, 1:].numpy()
