@@ -19,7 +19,7 @@ from onnxport.core.greedy import GreedyRules
 from onnxport.decoder.flow import run_model
 from onnxport.decoder.generation import generate_greedy, stream_greedy
 from onnxport.decoder.prove import greedy
-from onnxport.decoder.serving import DEFAULT_MAX_LENGTH, decoder_layout
+from onnxport.decoder.serving import DEFAULT_MAX_LENGTH, cache_layout, decoder_layout
 from onnxport.decoder.tokenizer import load_tokenizer, save_tokenizer
 from onnxport.runtime.sessions import session
 from onnxport.serve import serve_app, signature
@@ -178,8 +178,19 @@ def test_decoder_detected_from_its_inputs_and_outputs(llm, tmp_path):
     alone = decoder_layout(sig)  # no report.json: the shapes give the cache, the maximum is the default
     assert (alone.layers, alone.kv_heads, alone.head_dim, alone.vocab) == (2, 2, 16, VOCAB)
     assert alone.position_ids and alone.max_length == DEFAULT_MAX_LENGTH
-    assert decoder_layout(sig, llm["layout"].to_dict()) == llm["layout"]
+    assert decoder_layout(sig, llm["layout"]) == llm["layout"]
     assert decoder_layout(signature(fixed_shape_model(tmp_path / "fixed.onnx"))) is None
+
+
+def test_the_layout_report_json_records_is_read_back_by_its_family(llm):
+    """report.json's ``decoder.layout`` comes back as the family's record (Family.layout), not as a dict."""
+    from onnxport import families
+    from onnxport.families.serving import family_layout, read_layout
+
+    layout = llm["layout"]
+    assert cache_layout(layout.to_dict()) == layout and read_layout({"decoder": {"layout": layout.to_dict()}}) == layout
+    assert family_layout(families.get("decoder"), {"layers": 2}) is None  # does not read: no layout
+    assert read_layout({"model": {}}) is None and read_layout(None) is None
 
 
 # ---------------------------------------------------------------- generate and generate_stream

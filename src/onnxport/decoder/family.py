@@ -8,6 +8,7 @@ from onnxport.decoder.applies import refuse_for_decoder
 from onnxport.decoder.flow import wants_cache
 from onnxport.decoder.kind import DECODER
 from onnxport.decoder.outcome import SECTION
+from onnxport.decoder.serving import cache_layout
 from onnxport.decoder.stage import stage
 from onnxport.families import Family, Stage
 
@@ -21,5 +22,5 @@ def _refused(options: Options) -> Options:
 FAMILY = Family(
     "decoder", (Stage("export_and_proof", stage, checkpoint=True),), detects=wants_cache, refuse=_refused,
     load_task="text-generation", check_seq=False, variant_kind=DECODER, section=SECTION,
-    extension="onnxport.decoder.serving:GENERATE",
+    layout=cache_layout, extension="onnxport.decoder.serving:GENERATE",
 )

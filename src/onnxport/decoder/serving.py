@@ -96,10 +96,30 @@ def stop_at(rules: GreedyRules, eos: int | None) -> GreedyRules:
     return dataclasses.replace(rules, eos_token_ids=(*rules.eos_token_ids, eos))
 
 
-def decoder_layout(sig: Any, report_layout: object = None) -> CacheLayout | None:
+def cache_layout(data: dict) -> CacheLayout:
+    """The layout :meth:`CacheLayout.to_dict` wrote (report.json's ``decoder.layout``): the decoder family's
+    ``layout`` reader. A missing or malformed field is a TypeError, KeyError or ValueError."""
+    def whole(key: str) -> int:
+        value = data[key]
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{key} is {value!r}, not an integer")
+        return value
+
+    optional = {k: whole(k) for k in ("value_dim", "sliding_window") if data.get(k) is not None}
+    if optional.get("value_dim") == whole("head_dim"):  # to_dict writes the keys' width where values share it
+        del optional["value_dim"]
+    rules = data.get("generation")
+    return CacheLayout(str(data["architecture"]), str(data["model_type"]), whole("layers"), whole("heads"),
+                       whole("kv_heads"), whole("head_dim"), whole("vocab"), bool(data["position_ids"]),
+                       whole("max_length"), generation=GreedyRules.from_dict(rules) if isinstance(rules, dict) else None,
+                       **optional)
+
+
+def decoder_layout(sig: Any, recorded: object = None) -> CacheLayout | None:
     """The cache layout of a served model whose inputs and outputs are named as a decoder export names them
-    (None for any other model). Layers, kv heads and head dim come from the input shapes, else from
-    ``report.json``'s ``decoder.layout``; the maximum length from that layout, else DEFAULT_MAX_LENGTH."""
+    (None for any other model). Layers, kv heads and head dim come from the input shapes, else from the layout
+    ``report.json`` recorded (``recorded``: :func:`cache_layout`'s record); the maximum length from that
+    layout, else DEFAULT_MAX_LENGTH."""
     inputs = {t.name: t for t in sig.inputs}
     outputs = {t.name for t in sig.outputs}
     layers = sum(1 for name in inputs if name.startswith("past_key_values.") and name.endswith(".key"))
@@ -111,7 +131,7 @@ def decoder_layout(sig: Any, report_layout: object = None) -> CacheLayout | None
         return None
     if any(inputs[n].dtype != "int64" for n in expected if not n.startswith("past_key_values.")):
         return None
-    report = report_layout if isinstance(report_layout, dict) else {}
+    report = recorded.to_dict() if isinstance(recorded, CacheLayout) else {}
     shape = inputs["past_key_values.0.key"].shape or ()
     logits = next(t for t in sig.outputs if t.name == "logits").shape or ()
 
@@ -134,10 +154,10 @@ def decoder_layout(sig: Any, report_layout: object = None) -> CacheLayout | None
                        generation=GreedyRules.from_dict(rules) if isinstance(rules, dict) else None)
 
 
-def decoder_generator(sig: Any, onnx_path: Path, report_layout: object = None) -> Generator | None:
+def decoder_generator(sig: Any, onnx_path: Path, recorded: object = None) -> Generator | None:
     """The generator of a served decoder (None when the model is no decoder), with the tokenizer saved in
-    ``tokenizer/`` beside its ONNX file."""
-    layout = decoder_layout(sig, report_layout)
+    ``tokenizer/`` beside its ONNX file; ``recorded``: the layout report.json recorded (:func:`cache_layout`)."""
+    layout = decoder_layout(sig, recorded)
     if layout is None:
         return None
     return Generator(layout, load_tokenizer(onnx_path.parent))

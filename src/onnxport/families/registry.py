@@ -70,11 +70,11 @@ class Family:
     (``refuse``), how it loads (``load``: None, the generic loader; ``load_task``: the task that loader is given;
     ``check_seq``: whether --seq is checked against the loaded dims), the optimize kind whose names --variants
     takes (``variant_kind``: None, the family checks them itself), its report.json section (``section``: the key
-    of ``Outcome.sections``), the record its section's ``layout`` is read back into (``layout``: a class with
-    ``from_dict``/``to_dict``), the extension it adds to the server (``extension``: ``"module:attr"`` of a
-    :class:`onnxport.families.serving.Extension`, None for none) and the file serve and triton take from its
-    output folder when it has no ``best.onnx``/``model.onnx`` (``served``), with the files a repository entry
-    holds together (``files``, the served one last)."""
+    of ``Outcome.sections``), how its section's ``layout`` is read back (``layout``: a dict -> the family's layout
+    record, with ``to_dict``, e.g. the record's ``from_dict``), the extension it adds to the server
+    (``extension``: ``"module:attr"`` of a :class:`onnxport.families.serving.Extension`, None for none) and the
+    file serve and triton take from its output folder when it has no ``best.onnx``/``model.onnx`` (``served``),
+    with the files a repository entry holds together (``files``, the served one last)."""
 
     name: str
     stages: tuple[Stage, ...]
@@ -87,7 +87,7 @@ class Family:
     variant_kind: str | None = None
     scratch: bool = False  # the run gets a scratch folder in OUT (run.work), removed at the end
     section: str | None = None
-    layout: type | None = None
+    layout: Callable[[dict], Any] | None = None
     extension: str | None = None
     served: Served | None = None
     files: tuple[str, ...] = ()  # the ONNX files served together (the served one last), beside ``{section}.json``

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from onnxport.families.registry import families
+from onnxport.families.registry import Family, families
 
 
 class BadRequest(Exception):
@@ -106,3 +106,24 @@ def bind(sig: Any, served: Path, layout: object = None) -> dict[str, Bound]:
         if ext is not None and ext.name not in bound and (b := ext.bind(sig, served, layout)) is not None:
             bound[ext.name] = b
     return bound
+
+
+def family_layout(family: Family, data: object) -> object:
+    """``data`` (a layout as report.json's section or a repository entry holds it) read back into the family's
+    record by its ``layout`` (None when the family has none, or ``data`` does not read)."""
+    if family.layout is None or not isinstance(data, dict):
+        return None
+    try:
+        return family.layout(data)
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+def read_layout(report: object) -> object:
+    """The layout record of report.json's family section: the first family section the report holds, its
+    ``layout`` read back by its family (None when there is none)."""
+    if not isinstance(report, dict):
+        return None
+    family = next((f for f in families() if f.section is not None and report.get(f.section)), None)
+    section = report[family.section] if family is not None else None
+    return family_layout(family, section.get("layout")) if isinstance(section, dict) else None

@@ -73,17 +73,13 @@ class Seq2SeqGenerator(Generator):
         return seq2seq_stream(self.sessions, self.layout, [features], max_tokens, rules)
 
 
-def seq2seq_generator(sig: Any, onnx_path: Path, report_layout: object = None) -> Seq2SeqGenerator | None:
+def seq2seq_generator(sig: Any, onnx_path: Path, layout: object = None) -> Seq2SeqGenerator | None:
     """The generator of ``decoder_with_past_model.onnx`` served beside ``encoder_model.onnx`` and
-    ``decoder_model.onnx`` (the proven files, or a variant's in ``variants/<name>/``), with report.json's
-    ``seq2seq.layout`` (None for any other model); the tokenizer, and a speech model's feature extractor, come
-    from the output folder."""
+    ``decoder_model.onnx`` (the proven files, or a variant's in ``variants/<name>/``), with the layout
+    report.json's ``seq2seq.layout`` recorded (``layout``, read back by the family; None for any other model);
+    the tokenizer, and a speech model's feature extractor, come from the output folder."""
     names = {t.name for t in sig.inputs}
-    if not isinstance(report_layout, dict) or "past_key_values.0.decoder.key" not in names:
-        return None
-    try:
-        layout = Seq2SeqLayout.from_dict(report_layout)
-    except (TypeError, KeyError, ValueError):
+    if not isinstance(layout, Seq2SeqLayout) or "past_key_values.0.decoder.key" not in names:
         return None
     if onnx_path.name != WITH_PAST_FILE or not all((onnx_path.parent / n).is_file() for n in FILES):
         return None

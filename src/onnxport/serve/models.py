@@ -12,6 +12,7 @@ from typing import Any
 from onnxport import families
 from onnxport.core.errors import UsageError, one_line
 from onnxport.core.outdir import served_output_folder
+from onnxport.families.serving import family_layout, read_layout
 from onnxport.prove.check import check
 from onnxport.runtime.openvino import OPENVINO
 from onnxport.runtime.sessions import OrtOptions
@@ -97,7 +98,7 @@ class ModelSource:
     max_delay_ms: float | None = None     # None: the caller's default
     tuned: OrtOptions | None = None  # report.json's benchmark.tuned, or a repository config's thread counts; None: ORT's defaults
     batching_off: str | None = None  # why this model is served unbatched whatever --max-batch says
-    decoder_layout: dict | None = None  # report.json's decoder.layout, for a decoder exported with its cache
+    layout: object = None  # the family's layout record report.json recorded (Family.layout), for its extension
     proven_options: SessionOptions | None = None  # report.json's best.session_options: how best.onnx was proven
     constrained_dims: dict | None = None  # report.json's dims the model runs at some sizes of only: {sym: rule/sizes}
 
@@ -167,8 +168,7 @@ def _from_output_folder(out: Path) -> ModelSource:
     name, layout, proven, constrained = out.resolve().name, None, None, None  # named after the folder: `serve out/minilm` is "minilm"
     tuned = tuned_options(report)
     if report is not None:
-        section = next((report[key] for key in families.sections() if report.get(key)), None)
-        layout = section.get("layout") if isinstance(section, dict) else None
+        layout = read_layout(report)
         best = report.get("best")
         recorded = best.get("session_options") if isinstance(best, dict) and onnx_path.name == "best.onnx" else None
         proven = SessionOptions.from_dict(recorded) if isinstance(recorded, dict) and recorded else None
@@ -176,7 +176,7 @@ def _from_output_folder(out: Path) -> ModelSource:
     note = _not_batch_invariant(report, onnx_path.name)
     return ModelSource(_model_name(name), "1", onnx_path, tuned=tuned,
                        max_batch=1 if note else None, batching_off=note,
-                       decoder_layout=layout if isinstance(layout, dict) else None,
+                       layout=layout,
                        proven_options=proven,
                        constrained_dims=constrained)
 
@@ -297,7 +297,7 @@ def _from_repository_entry(entry: Path) -> ModelSource | None:
 def _family_entry(entry: Path, text: str, family: families.Family) -> ModelSource | None:
     """A python-backend entry ``onnxport triton`` wrote for a family served from several files (an
     encoder-decoder: its newest version folder holds the three files and ``seq2seq.json``): served by the last
-    of its files (the decoder with past), with generate."""
+    of its files (the decoder with past), with its layout read back by the family (for its extension)."""
     name = layout_file(family)
     versions = sorted((int(v.name) for v in entry.iterdir() if v.is_dir() and v.name.isdigit()
                        and (v / name).is_file() and all((v / f).is_file() for f in family.files)), reverse=True)
@@ -311,7 +311,7 @@ def _family_entry(entry: Path, text: str, family: families.Family) -> ModelSourc
     threads = _config_parameter(text, "intra_op_thread_count")
     return ModelSource(_config_value(text, "name") or entry.name, str(versions[0]), folder / family.files[-1],
                        tuned=_thread_counts(int(threads)) if threads and threads.isdigit() and int(threads) else None,
-                       decoder_layout=layout if isinstance(layout, dict) else None)
+                       layout=family_layout(family, layout))
 
 
 def discover(path: str | Path, name: str | None = None) -> list[ModelSource]:

@@ -334,5 +334,5 @@ def load(source: ModelSource, max_batch: int | None, max_delay_ms: float | None,
         metrics.compute.labels(source.name).observe(seconds)
 
     batcher = Batcher(run, batched=batchable, max_batch=batch_limit, max_delay_ms=delay, on_batch=on_batch)
-    bound = bind(sig, source.onnx_path, source.decoder_layout)
+    bound = bind(sig, source.onnx_path, source.layout)
     return ServedModel(source, sig, sess, batch_limit if batchable else 0, delay, batcher, Stats(), metrics, bound)
