@@ -152,3 +152,34 @@ def test_the_end_to_end_proof_fails_on_a_slightly_wrong_unet(folders, pipeline_o
     source = f"hf:{folders / 'pipeline'}"
     proof = denoise.prove(source, out, parts(source), Options())
     assert proof is not None and not proof.passed and "outside" in (proof.why or "")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("factor, kept", [(1.0, True), (3.0, False)])
+def test_the_chosen_variants_are_judged_together_on_the_image(folders, pipeline_out, tmp_path, factor, kept):
+    import json
+    import shutil
+
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from onnxport.core.options import Options
+    from onnxport.diffusion import denoise
+
+    out = tmp_path / "out"
+    shutil.copytree(pipeline_out[0], out)
+    model = onnx.load(str(out / "unet" / "model.onnx"))
+    for i, init in enumerate(model.graph.initializer):  # a variant far off (3x) or exact (1x)
+        if init.name.endswith("conv_out.weight"):
+            model.graph.initializer[i].CopyFrom(numpy_helper.from_array(
+                numpy_helper.to_array(init) * np.float32(factor), init.name))
+    onnx.save(model, str(out / "unet" / "best.onnx"))
+    rep = json.loads((out / "unet" / "report.json").read_text())
+    rep["best"] = {"name": "fp16", "path": "best.onnx", "session_options": {"provider": "CPUExecutionProvider"}}
+    (out / "unet" / "report.json").write_text(json.dumps(rep))
+    source = f"hf:{folders / 'pipeline'}"
+    proof = denoise.prove(source, out, parts(source), Options())
+    assert proof is not None and proof.passed  # the exports themselves are right
+    assert proof.best["variants"] == {"unet": "fp16"} and proof.best["passed"] is kept, proof.best
+    assert ("together keep" in proof.summary) is kept

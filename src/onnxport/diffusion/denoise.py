@@ -7,8 +7,10 @@ proves that their errors do not grow into a different image over the steps."""
 from __future__ import annotations
 
 import copy
+import functools
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +25,14 @@ from onnxport.diffusion.component import diffusers_module, folder_of, load, read
 from onnxport.families import Part
 from onnxport.runtime.feeds import FeedMap
 from onnxport.runtime.sessions import session
+from onnxport.runtime.variant_sessions import open_for
 from onnxport.sources.base import LoadedModel
 
 STEPS = 3
 SEED = 0
 BATCH = 2  # the unconditional and the conditional row, as classifier-free guidance runs them
 TIMES = 10.0  # the step proof's tolerance, ten times: three steps and a decoder compound the error
+BEST_COSINE = 0.999  # the chosen variants together: the centred image's cosine to PyTorch's, at least
 VARIES = 10.0  # the reference's spread must be this many times the error allowed, or it cannot tell
 
 
@@ -49,6 +53,7 @@ class DenoisingProof:
     seconds: float
     why: str | None = None
     spread: float | None = None  # the standard deviation of PyTorch's result: what the tolerance is set against
+    best: dict[str, Any] = field(default_factory=dict)  # the chosen variants run together, when any was chosen
 
     @property
     def summary(self) -> str:
@@ -56,15 +61,21 @@ class DenoisingProof:
             return f"end-to-end denoising not run: {self.why}"
         verdict = ("match" if self.compared == "latents" else "matches") if self.passed else "does NOT match"
         text = (f"end-to-end: {self.steps} {self.scheduler} steps from seed {self.seed}, the ONNX pipeline's "
-                f"{self.compared} {verdict} PyTorch's (max abs error {self.max_abs_err:.2e}, cosine "
+                f"{self.compared} {verdict} PyTorch's (max abs error {self.max_abs_err:.2e}, centred cosine "
                 f"{self.cosine:.6f})")
-        return text + (f": {self.why}" if self.why else "")
+        text += f": {self.why}" if self.why else ""
+        if self.best:
+            chosen = ", ".join(f"{k}: {v}" for k, v in self.best["variants"].items())
+            verdict = "keep" if self.best["passed"] else "do NOT keep"
+            text += (f"; the chosen variants ({chosen}) together {verdict} the {self.compared} (centred cosine "
+                     f"{self.best['cosine']:.4f}, at least {self.best['threshold']})")
+        return text
 
     def to_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "scheduler": self.scheduler, "seed": self.seed, "compared": self.compared,
                 "max_abs_err": self.max_abs_err, "cosine": self.cosine, "tolerance": self.tolerance.to_dict(),
                 "tolerance_times": TIMES, "spread": self.spread, "passed": self.passed, "seconds": round(self.seconds, 3),
-                "why": self.why, "summary": self.summary}
+                "why": self.why, "summary": self.summary, "best": self.best or None}
 
 
 def _scheduler(folder: Path) -> Any:
@@ -87,9 +98,9 @@ def _scheduler(folder: Path) -> Any:
 class _Backend:
     """One model run by PyTorch (``onnx`` None) or by ONNX Runtime on its proven file."""
 
-    def __init__(self, loaded: LoadedModel, onnx: Path | None) -> None:
+    def __init__(self, loaded: LoadedModel, onnx: Path | None, opener: Callable[[Path], Any] = session) -> None:
         self.loaded = loaded
-        self.sess = session(onnx) if onnx is not None else None
+        self.sess = opener(onnx) if onnx is not None else None
         self.feeds = FeedMap.of(loaded.inputs, self.sess) if self.sess is not None else None
 
     def __call__(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -101,7 +112,7 @@ class _Backend:
         return torch.from_numpy(np.asarray(self.sess.run(None, self.feeds(ordered))[0])).float()
 
 
-def _trajectory(denoiser: _Backend, decoder: _Backend | None, scheduler: Any, noise: torch.Tensor,
+def _trajectory(denoiser: _Backend, decoder: _Backend | None = None, *, scheduler: Any, noise: torch.Tensor,
                 conditioning: dict[str, torch.Tensor], names: tuple[str, str], scale: float) -> torch.Tensor:
     latent_name, time_name = names
     scheduler = copy.deepcopy(scheduler)  # a scheduler keeps state between steps: each run starts fresh
@@ -154,14 +165,11 @@ def _run(source: str, out: Path, main: Part, dec_part: Part | None, tol: Toleran
     scale = float(vae_config.get("scaling_factor") or 1.0)
     fits = decoder is not None and noise.dim() == 4 and noise.shape[1] == decoder.inputs[0].shape[1]
     names = (latent_name, "timestep")
-    ref = _trajectory(_Backend(denoiser, None), _Backend(decoder, None) if fits and decoder else None,
-                      scheduler, noise, made, names, scale)
-    got = _trajectory(_Backend(denoiser, out / main.name / "model.onnx"),
-                      _Backend(decoder, out / dec_part.name / "model.onnx") if fits and decoder and dec_part else None,
-                      scheduler, noise, made, names, scale)
+    run = functools.partial(_trajectory, scheduler=scheduler, noise=noise, conditioning=made, names=names, scale=scale)
+    ref = run(_Backend(denoiser, None), _Backend(decoder, None) if fits and decoder else None)
+    files = [(denoiser, out / main.name)] + ([(decoder, out / dec_part.name)] if fits and decoder and dec_part else [])
+    got = run(*(_Backend(lm, folder / "model.onnx") for lm, folder in files))
     r, g = ref.double().numpy(), got.double().numpy()
-    err = float(np.max(np.abs(r - g))) if r.size else 0.0
-    cosine = float(np.dot(r.ravel(), g.ravel()) / max(np.linalg.norm(r) * np.linalg.norm(g), 1e-30))
     compared = "image" if fits else "latents"
     why = None
     passed = bool(r.size and np.all(np.isfinite(g)) and tol.allows(g, r, times=TIMES).all())
@@ -172,5 +180,37 @@ def _run(source: str, out: Path, main: Part, dec_part: Part | None, tol: Toleran
                               f"{VARIES:g}× the error allowed, {allowed:.1e})")
     elif not passed:
         why = f"outside {TIMES:g}× the tolerance (atol {tol.atol:g}, rtol {tol.rtol:g})"
-    return DenoisingProof(STEPS, type(scheduler).__name__, SEED, compared, err, cosine, tol, passed,
-                          time.perf_counter() - t0, why=why, spread=spread)
+    best = _best(run, files, r) if passed else {}
+    return DenoisingProof(STEPS, type(scheduler).__name__, SEED, compared, _max_err(r, g), _cosine(r, g), tol,
+                          passed, time.perf_counter() - t0, why=why, spread=spread, best=best)
+
+
+def _max_err(r: np.ndarray, g: np.ndarray) -> float:
+    return float(np.max(np.abs(r - g))) if r.size else 0.0
+
+
+def _cosine(r: np.ndarray, g: np.ndarray) -> float:
+    """The cosine of the two results centred by PyTorch's mean: what varies, not the common offset."""
+    rc, gc = (r - r.mean()).ravel(), (g - r.mean()).ravel()
+    return float(np.dot(rc, gc) / max(np.linalg.norm(rc) * np.linalg.norm(gc), 1e-30))
+
+
+def _best(run: Callable[..., torch.Tensor], files: list[tuple[LoadedModel, Path]], ref: np.ndarray) -> dict:
+    """The variants the parts chose as best (report.json's ``best``), run together as they were proven (their
+    session options), judged on the same result by its centred cosine; {} when every part keeps its export."""
+    chosen: dict[str, str] = {}
+    backends = []
+    for lm, folder in files:
+        best = (read_json(folder / "report.json") or {}).get("best") or {}
+        name = best.get("name") if isinstance(best, dict) else None
+        if isinstance(name, str) and name != "export" and (folder / "best.onnx").is_file():
+            chosen[folder.name] = name
+            backends.append(_Backend(lm, folder / "best.onnx", open_for(best.get("session_options"), folder)))
+        else:
+            backends.append(_Backend(lm, folder / "model.onnx"))
+    if not chosen:
+        return {}
+    g = run(*backends).double().numpy()
+    cosine = _cosine(ref, g)
+    return {"variants": chosen, "max_abs_err": _max_err(ref, g), "cosine": cosine, "threshold": BEST_COSINE,
+            "passed": bool(np.all(np.isfinite(g)) and cosine >= BEST_COSINE)}
