@@ -29,8 +29,16 @@ def test_diffusers_folders_are_the_diffusion_family(folders):
     for kind in ("unet", "vae", "sd3", "flux", "pipeline"):
         assert families.detect(f"hf:{folders / kind}", None).name == "diffusion", kind
     assert families.detect(f"hf:{folders / 'pipeline' / 'text_encoder'}", None).name == "model"
+    assert families.detect(str(folders / "unet"), None).name == "diffusion"  # a folder as it is: hf:DIR
     # --input is the plain forward, exported as declared
     assert families.detect(f"hf:{folders / 'unet'}", None, inputs_given=True).name == "model"
+
+
+def test_input_on_a_diffusers_folder_is_one_line_naming_what_to_do(folders, tmp_path):
+    proc = run_cli("export", f"hf:{folders / 'unet'}", "-o", str(tmp_path / "o"), "-i", "sample:float32[1,4,8,8]")
+    assert proc.returncode == 2 and "diffusers model (UNet2DConditionModel)" in proc.stderr, proc.stderr[-2000:]
+    assert "leave --input out" in proc.stderr and "Traceback" not in proc.stderr
+    assert "names no model_type" not in proc.stderr and not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("kind, inputs", [

@@ -28,9 +28,9 @@ REFUSED: tuple[tuple[str, Callable[[Options], bool], str], ...] = (
 def wants_diffusion(source: str, task: str | None) -> bool:
     """Whether ``source`` is an ``hf:DIR`` holding a diffusers model (its config.json names the class) or a whole
     pipeline (model_index.json)."""
-    if not source.startswith("hf:"):
-        return False
     folder = folder_of(source)
+    if not source.startswith("hf:") and not folder.is_dir():  # a folder given as it is loads as hf:DIR too
+        return False
     return class_name(folder) is not None or is_pipeline(folder)
 
 

@@ -57,6 +57,10 @@ def hf_model(path: Path, *, task: str | None = None, trust_remote_code: bool = F
     except (ValueError, UnicodeDecodeError) as e:
         raise SourceError(f"{path / 'config.json'} is not JSON ({one_line(e, 120)})",
                           "save the model again with save_pretrained(), or fix the file") from None
+    if isinstance(raw, dict) and "_diffusers_version" in raw:  # reached with --input: the plain forward
+        raise SourceError(f"{path} holds a diffusers model ({raw.get('_class_name')}), whose inputs --input cannot "
+                          "bind here", "leave --input out: onnxport makes its inputs up from config.json "
+                          "(docs/diffusion.md); or give it as a Python module (file.py:factory) with --input")
     if not isinstance(raw, dict) or ("model_type" not in raw and "auto_map" not in raw):
         raise SourceError(f"{path / 'config.json'} names no model_type",
                           "save the model with save_pretrained() (it writes model_type), or add \"model_type\" to "
