@@ -41,6 +41,7 @@ from onnxport.exporters import functions
 from onnxport.exporters.chain import candidates as export_candidates
 from onnxport.exporters.strategies import CONTROL_FLOW
 from onnxport.families import Family, Run, Stage
+from onnxport.families import steps as family_steps
 from onnxport.prove import batching, branches, localize
 from onnxport.prove import compare as judging
 from onnxport.prove import samples as proving_samples
@@ -115,6 +116,7 @@ def _run_family(family: Family, source: str, out: str | Path, options: Options, 
         use_runtime(options.runtime)
     load_kw = {**_family_load_kw(family, options.load), **(keywords or {})}
     with _loaded_into(out, source, options, progress, family.check_seq, **load_kw) as run:
+        run = run.but(hooks=family.hooks, section=family.section)
         stages = family.stages or EXPORT_STAGES  # PIPELINE_STAGES: the one pipeline's
         if not family.scratch:
             return run_stages(stages, run)
@@ -272,7 +274,9 @@ def _check_seq(loaded: LoadedModel, seq: int | None) -> None:
 
 def _export(run: Run) -> Run:
     """The exporter chain into the scratch folder (its first file); a failure ends the run with the attempts and
-    their causes."""
+    their causes. A family with hooks makes its own files (families.steps)."""
+    if run.hooks is not None:
+        return family_steps.export(run)
     loaded, ex = run.loaded, run.options.export
     diags: list[Diagnostic] = list(loaded.diagnostics) + explain.static_traps(loaded)
     customs = functions.discover_loaded(loaded)  # autograd.Functions with symbolic(): reported, exported as their ops
@@ -324,7 +328,9 @@ def _prove(run: Run) -> Run:
     """check + parity (+ localization on failure) of the export and its proof on the samples; with ``auto``, a
     file that is not proven sends the chain on to its next strategy, and the first proven file is kept (none
     proven: the first one tried, with its proof). A new export is moved into OUT as model.onnx when proven,
-    else model.unverified.onnx."""
+    else model.unverified.onnx. A family with hooks proves its export its own way (families.steps)."""
+    if run.hooks is not None:
+        return family_steps.prove(run)
     first: Run | None = None
     while True:
         trial = _proof_of(run, localize_failure=first is None)
@@ -398,6 +404,8 @@ def _retried(run: Run) -> list[Diagnostic]:
 
 
 def _optimize(run: Run) -> Run:
+    if run.hooks is not None:
+        return family_steps.optimize(run)
     opt = run.options.optimize
     run.progress("building and proving the optimized variants")
     settings = optimize.VariantOptions(names=opt.variants, tolerance=run.options.proof.tolerance, bench_seq=opt.seq,
@@ -424,7 +432,7 @@ def _wants_variants(run: Run) -> bool:
 
 
 def _wants_bench(run: Run) -> bool:
-    return run.options.bench is not None and run.proven
+    return run.options.bench is not None and run.proven and (run.hooks is None or run.hooks.bench)
 
 
 EXPORT_STAGES: tuple[Stage, ...] = (

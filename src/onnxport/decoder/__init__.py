@@ -4,7 +4,6 @@ returning ``logits`` and ``present.{i}.key/.value``, proven step by step and by 
 from onnxport.decoder.export import export_decoder
 from onnxport.decoder.flow import CACHE_TASKS, MAX_LENGTH, run, run_model, wants_cache
 from onnxport.decoder.layout import CachedDecoder, cache_layout, is_causal_lm
-from onnxport.decoder.outcome import to_outcome
 from onnxport.decoder.prove import greedy, prove_decoder, step_matrix
 from onnxport.decoder.records import (
     CacheLayout,
@@ -43,6 +42,5 @@ __all__ = [
     "run",
     "run_model",
     "step_matrix",
-    "to_outcome",
     "wants_cache",
 ]

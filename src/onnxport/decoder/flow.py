@@ -18,7 +18,7 @@ from onnxport.decoder.export import export_decoder
 from onnxport.decoder.exportable import upcast
 from onnxport.decoder.layout import NO_CACHE_HINT, architectures, cache_layout, is_causal_lm
 from onnxport.decoder.prove import NEW_TOKENS, prove_decoder
-from onnxport.decoder.records import CacheVariants, DecoderOutcome
+from onnxport.decoder.records import CacheLayout, CacheVariants, DecoderOutcome
 from onnxport.decoder.variants import optimize_decoder, variant_names
 from onnxport.optimize.passes import install_best
 from onnxport.optimize.registry import BASELINE
@@ -55,6 +55,23 @@ def run(model_dir: str | Path, out: str | Path, *, max_length: int = MAX_LENGTH,
                      new_tokens=new_tokens, variants=variants, progress=progress)
 
 
+def prepared(model: nn.Module, max_length: int, new_tokens: int, progress: Progress = noop
+             ) -> tuple[CacheLayout, str | None]:
+    """``model`` made ready for its export with a cache: in eval mode, upcast to float32 in place when in
+    bfloat16 or float16 (exactly; the dtype it had is returned), and its cache layout for ``max_length`` tokens.
+    A model without a standard cache, or a ``max_length`` that leaves no room for a prompt and ``new_tokens``,
+    is a UsageError before anything is exported."""
+    model.eval()
+    source_dtype = upcast(model)  # a bfloat16 / float16 checkpoint is exported and proven in float32
+    layout = cache_layout(model, max_length)
+    if new_tokens < 1 or max_length - new_tokens < 1:
+        raise UsageError(f"--max-length {max_length} leaves no room for a prompt and {new_tokens} generated tokens",
+                         f"give --max-length {new_tokens + 5} or more")
+    progress(f"exporting with the KV cache ({layout.layers} layers, {layout.kv_heads} kv heads, "
+             f"up to {max_length} tokens)")
+    return layout, source_dtype
+
+
 def _names(variants: Names | bool) -> Names:
     """The variant names asked for (True, an older spelling: "all"; False: none)."""
     if isinstance(variants, bool):
@@ -79,14 +96,7 @@ def run_model(model: nn.Module, out: str | Path, *, max_length: int = MAX_LENGTH
         variant_names(names)  # an unknown name fails before the (slow) export
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    model.eval()
-    source_dtype = upcast(model)  # a bfloat16 / float16 checkpoint is exported and proven in float32
-    layout = cache_layout(model, max_length)
-    if new_tokens < 1 or max_length - new_tokens < 1:
-        raise UsageError(f"--max-length {max_length} leaves no room for a prompt and {new_tokens} generated tokens",
-                         f"give --max-length {new_tokens + 5} or more")
-    progress(f"exporting with the KV cache ({layout.layers} layers, {layout.kv_heads} kv heads, "
-             f"up to {max_length} tokens)")
+    layout, source_dtype = prepared(model, max_length, new_tokens, progress)
     with tempfile.TemporaryDirectory(prefix=".onnxport-decoder-", dir=out) as work:
         made = export_decoder(model, layout, Path(work) / "decoder.onnx", opset=opset)
         progress(f"proving at opset {made.opset}: step cases and greedy generation against PyTorch")

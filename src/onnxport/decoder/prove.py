@@ -16,6 +16,8 @@ from onnxport.core.records import FP32, Tolerance
 from onnxport.decoder.generation import generate_greedy
 from onnxport.decoder.layout import CachedDecoder, step_inputs
 from onnxport.decoder.records import CacheLayout, DecoderProof, GenerationCheck, StepCase
+from onnxport.prove.judging import RunResults, compare_accuracy, run_cases
+from onnxport.prove.references import Ran, run_each
 from onnxport.runtime.sessions import session
 
 NEW_TOKENS = 32
@@ -39,9 +41,7 @@ def prove_decoder(model: nn.Module, layout: CacheLayout, path: str | Path, *, to
     ``model.generate``: one unpadded row as configured, and a batch with left padding without the
     end-of-sequence stop (so that every step is compared even where the row ends early)."""
     sess = session(path, providers=["CPUExecutionProvider"])
-    wrapper = CachedDecoder(model, layout).eval()
-    cases = tuple(step_case(sess, wrapper, layout, b, p, n, tolerance, seed + i)
-                  for i, (b, p, n) in enumerate(step_matrix(layout.max_length)))
+    cases = step_cases(sess, CachedDecoder(model, layout).eval(), layout, tolerance, seed)
     gen = torch.Generator().manual_seed(seed)
     prompt = min(5, layout.max_length - new_tokens)
     if prompt < 1:
@@ -58,27 +58,42 @@ def prove_decoder(model: nn.Module, layout: CacheLayout, path: str | Path, *, to
     return DecoderProof(tolerance, cases, gens)
 
 
-def step_case(sess, wrapper: nn.Module, layout: CacheLayout, batch: int, past: int, new: int,
-              tolerance: Tolerance, seed: int) -> StepCase:
-    """One step with random tokens and a random cache, onnxruntime against the PyTorch model."""
-    feeds = step_inputs(layout, batch=batch, past=past, new=new, seed=seed)
-    with torch.inference_mode():
-        want = [t.float().numpy() for t in wrapper(*feeds)]
-    try:
-        got = sess.run(list(layout.output_names), {n: t.numpy() for n, t in zip(layout.input_names, feeds)})
-    except Exception as e:  # noqa: BLE001 - recorded as the case's failure
-        return StepCase(batch, past, new, float("inf"), float("inf"), float("inf"), False,
-                        one_line(e, 240))
-    abs_errs, rel, ok = [], 0.0, True
-    for g, w in zip(got, want):
-        if g.shape != w.shape:
-            return StepCase(batch, past, new, float("inf"), float("inf"), float("inf"), False,
-                            f"shape {list(g.shape)} where PyTorch gives {list(w.shape)}")
-        diff = np.abs(g.astype(np.float64) - w)
-        abs_errs.append(float(diff.max(initial=0.0)))
-        rel = max(rel, float((diff / np.maximum(np.abs(w), 1e-12)).max(initial=0.0)))
-        ok = ok and bool(np.all(tolerance.within(diff, w)))
-    return StepCase(batch, past, new, abs_errs[0], max(abs_errs[1:], default=0.0), rel, ok)
+def step_cases(sess, wrapper: nn.Module, layout: CacheLayout, tolerance: Tolerance, seed: int
+               ) -> tuple[StepCase, ...]:
+    """Every :func:`step_matrix` case with random tokens and a random cache: run, then judged. PyTorch's outputs
+    (:func:`~onnxport.prove.references.run_each`) and onnxruntime's (:func:`~onnxport.prove.judging.run_cases`)
+    first, then each case compared by :func:`~onnxport.prove.judging.compare_accuracy`, the logits and the
+    presents each (the one comparison every variant is judged by)."""
+    matrix = step_matrix(layout.max_length)
+    feeds = [tuple(step_inputs(layout, batch=b, past=p, new=n, seed=seed + i)) for i, (b, p, n) in enumerate(matrix)]
+    want = run_each(wrapper, feeds)
+    got = run_cases(lambda feed: sess.run(list(layout.output_names),
+                                          {n: t.numpy() for n, t in zip(layout.input_names, feed)}), feeds, matrix)
+    return tuple(judged_step(case, layout.past_shape("key", case[0], case[1]), got.outputs[i], got.error(i), want[i],
+                             tolerance) for i, case in enumerate(matrix))
+
+
+def judged_step(case: tuple[int, int, int], past_shape: tuple[int, ...], got: tuple[np.ndarray, ...] | None,
+                why: str | None, want: Ran, tolerance: Tolerance) -> StepCase:
+    """One step case judged: onnxruntime's outputs ``got`` (None: it failed, ``why``) against PyTorch's."""
+    inf = float("inf")
+
+    def failed(error: str) -> StepCase:
+        return StepCase(*case, inf, inf, inf, False, one_line(error, 240), past_shape)
+
+    if want.outputs is None:
+        return failed(f"PyTorch fails on this step: {want.error}")
+    if got is None:
+        return failed(why or "onnxruntime fails")
+    ref = want.outputs
+    wrong = next(((g.shape, w.shape) for g, w in zip(got, ref) if g.shape != w.shape), None)
+    if wrong is not None:
+        return failed(f"shape {list(wrong[0])} where PyTorch gives {list(wrong[1])}")
+    label = (", ".join(map(str, case)),)
+    logits, presents = (compare_accuracy(RunResults(label, (tuple(got[part]),)), RunResults(label, (tuple(ref[part]),)),
+                                         tolerance, cosine_of=None) for part in (slice(0, 1), slice(1, None)))
+    return StepCase(*case, logits.max_abs_err, presents.max_abs_err, max(logits.max_rel_err, presents.max_rel_err),
+                    logits.within and presents.within, None, past_shape)
 
 
 def generation_check(name: str, sess, model: nn.Module, layout: CacheLayout, input_ids: torch.Tensor,

@@ -110,11 +110,29 @@ class StepCase:
     max_rel_err: float
     passed: bool
     error: str | None = None
+    past_shape: tuple[int, ...] = ()  # the shape of past_key_values.0.key in this step
 
     @property
     def max_abs_err(self) -> float:
         """The largest error of this step over everything it compares."""
         return max(self.max_abs_err_logits, self.max_abs_err_presents)
+
+    # the step as one case of the report's validation (families.ProvenCase)
+    @property
+    def label(self) -> str:
+        return f"batch {self.batch}, past {self.past}, {self.new} new"
+
+    @property
+    def shapes(self) -> dict[str, list[int]]:
+        return {"input_ids": [self.batch, self.new], "past_key_values.0.key": list(self.past_shape)}
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return {"batch": self.batch, "past": self.past, "seq": self.new}
+
+    @property
+    def errors(self) -> dict[str, float]:
+        return {"logits": self.max_abs_err_logits, "presents": self.max_abs_err_presents}
 
     def to_dict(self) -> dict:
         return {"batch": self.batch, "past": self.past, "new": self.new,

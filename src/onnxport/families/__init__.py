@@ -4,6 +4,7 @@ the generator the server uses — and the :class:`Run`/:class:`Stage` its stages
 families' packages and above the report, so that pipeline, report readers and serve ask it instead of naming
 a family."""
 
+from onnxport.families.hooks import Exported, Made, Optimized, Proved, ProvenCase
 from onnxport.families.registry import (
     FAMILY_MODULES,
     PIPELINE_STAGES,
@@ -16,12 +17,18 @@ from onnxport.families.registry import (
     sections,
     unregister,
 )
-from onnxport.families.run import Run, Stage, Step
+from onnxport.families.run import Hooks, Run, Stage, Step
 
 __all__ = [
     "FAMILY_MODULES",
     "PIPELINE_STAGES",
+    "Exported",
     "Family",
+    "Hooks",
+    "Made",
+    "Optimized",
+    "Proved",
+    "ProvenCase",
     "Part",
     "Run",
     "Stage",

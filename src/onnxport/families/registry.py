@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from onnxport.core.options import Options
-from onnxport.families.run import Stage
+from onnxport.families.run import Hooks, Stage
 from onnxport.sources.base import LoadedModel
 
 Detect = Callable[[str, "str | None"], bool]  # (source, --task) -> whether the family takes the model
@@ -93,6 +93,7 @@ class Family:
     files: tuple[str, ...] = ()  # the ONNX files served together (the served one last), beside ``{section}.json``
     parts: Parts | None = None  # a source made of several models: each part proven alone into OUT/<part>/
     joint: Joint | None = None  # then proven together (its record under report.json's ``joint_proof``)
+    hooks: Hooks | None = None  # what differs in the one pipeline's stages (export, proof, variants, section)
 
     def server_extension(self) -> Any:
         """The server extension ``extension`` names (imported when first asked for; None when it names none)."""

@@ -1,5 +1,6 @@
-"""What one pipeline run carries from stage to stage (:class:`Run`) and one stage of it (:class:`Stage`): the
-types a family's stages are written against, below the families so that each may use them."""
+"""What one pipeline run carries from stage to stage (:class:`Run`), one stage of it (:class:`Stage`) and a
+family's parts of the one pipeline's stages (:class:`Hooks`): the types a family is written against, below the
+families so that each may use them."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from onnxport.core.logs import Progress, noop
 from onnxport.core.options import Options
 from onnxport.core.records import ExportResult
 from onnxport.exporters.chain import Candidates
+from onnxport.families.hooks import Exported, Made, Optimized, Proved
 from onnxport.prove.references import Refs
 from onnxport.prove.samples import SampleRefs
-from onnxport.report.build import Outcome, status_of
+from onnxport.report.build import Outcome, Section, status_of
 from onnxport.sources.base import LoadedModel
 from onnxport.sources.datasets import SampleSet
 
@@ -42,6 +44,9 @@ class Run:
     model_file: Path | None = None  # where the proven (or unproven) export now lies
     stopped: bool = False
     candidates: Candidates | None = None  # auto: the exporter chain, asked for its next file when one is not proven
+    hooks: Hooks | None = None  # the family's parts of the stages (None: a plain forward's export, proof, variants)
+    section: str | None = None  # the family's report.json section (``Family.section``), made by ``hooks.section``
+    made: Made | None = None  # the family's own records so far (its hooks' typed results)
 
     def but(self, **changes: Any) -> Run:
         return dataclasses.replace(self, **changes)
@@ -83,3 +88,19 @@ class Stage:
     checkpoint: bool = False
     applies: Callable[[Run], bool] = _always
     timed: bool = True
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """A family's parts of the one pipeline: ``export(run)`` makes its files in ``run.work``; ``prove(run,
+    exported)`` proves the file at ``run.result.path``; ``optimize(run, made)`` makes and judges its variants
+    of the proven file at ``run.model_file`` (None: it has none); ``section(run)`` is its report.json section
+    (the family's ``section`` key) from ``run.made`` once its proof has run; ``bench``: whether the one
+    benchmark times its file (False: its variants are its timing). The stages that call them are
+    :mod:`onnxport.families.steps`; their typed results are :mod:`onnxport.families.hooks`'."""
+
+    export: Callable[[Run], Exported]
+    prove: Callable[[Run, Exported], Proved]
+    section: Callable[[Run], Section]
+    optimize: Callable[[Run, Made], Optimized] | None = None
+    bench: bool = False

@@ -95,6 +95,7 @@ class Accuracy:
     max_abs_err: float = 0.0
     cosine: float | None = None
     top1: float | None = None
+    max_rel_err: float = 0.0  # the largest |got - want| / |want| (|want| at least 1e-12) of the cases compared
     untold: str | None = None  # every case within, yet the comparison proves nothing (why: outputs that cannot tell)
 
     @property
@@ -122,7 +123,7 @@ def compare_accuracy(got: RunResults, want: RunResults, tolerance: Tolerance | N
     shapes differ, is outside (and spoils the metrics: they become None)."""
     outside: list[tuple[str, str]] = []
     failed: list[tuple[str, str]] = []
-    worst = 0.0
+    worst = rel = 0.0
     cosines: list[float] = []
     hits: list[np.ndarray] = []
     spoilt = False
@@ -149,6 +150,7 @@ def compare_accuracy(got: RunResults, want: RunResults, tolerance: Tolerance | N
             w64 = np.asarray(w, np.float64)
             diff = np.abs(np.asarray(g, np.float64) - w64)
             case_worst = max(case_worst, float(diff.max(initial=0.0)) if np.all(np.isfinite(diff)) else float("inf"))
+            rel = max(rel, float((diff / np.maximum(np.abs(w64), 1e-12)).max(initial=0.0)))
             if tolerance is not None:
                 within = within and bool(np.all(tolerance.within(diff, w64)))
         worst = max(worst, case_worst)
@@ -162,7 +164,7 @@ def compare_accuracy(got: RunResults, want: RunResults, tolerance: Tolerance | N
             hits.append(np.asarray(w).argmax(-1) == np.asarray(g).argmax(-1))
     lowest = None if spoilt or not cosines else min(cosines)
     share = None if spoilt or not hits else float(np.concatenate([np.ravel(h) for h in hits]).mean())
-    return Accuracy(len(want.labels), tuple(outside), tuple(failed), worst, lowest, share)
+    return Accuracy(len(want.labels), tuple(outside), tuple(failed), worst, lowest, share, rel)
 
 
 @dataclass(frozen=True)
