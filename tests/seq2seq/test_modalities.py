@@ -6,6 +6,7 @@ exported from ``hf:DIR`` and proven by step cases and greedy generation; its fil
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -36,10 +37,23 @@ def _inputs(path: Path) -> dict:
     return {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in graph.input}
 
 
-def _saved(family: str, root: Path):
-    model = tiny(family)
-    model.save_pretrained(root / "hf")
-    return model, root / "hf"
+_EXPORTS: dict[str, tuple] = {}
+
+
+def _exported(family: str, root: Path, cli: bool = False) -> tuple:
+    """(model, OUT, report.json) of the tiny ``family`` saved and exported from ``hf:DIR`` once per session (by the
+    command line when ``cli``, else by ``api.export``); OUT is named after the family (serve names the model so)."""
+    if family not in _EXPORTS:
+        model = tiny(family)
+        model.save_pretrained(root / "hf")
+        out = root / family
+        if cli:
+            proc = run_cli("export", f"hf:{root / 'hf'}", "-o", str(out), "--max-length", str(MAX_LENGTH))
+            assert proc.returncode == 0, proc.stderr[-3000:]
+        else:
+            assert api.export(f"hf:{root / 'hf'}", out, max_length=MAX_LENGTH)["status"] == "ok"
+        _EXPORTS[family] = (model, out, load_report(out))
+    return _EXPORTS[family]
 
 
 def _generates_as_pytorch(model, out: Path, section: dict) -> None:
@@ -68,12 +82,9 @@ def _proven(rep: dict, family: str, out: Path) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["trocr", "donut", "led"])
-def test_modality_is_exported_with_its_cache_and_proven_by_generation(family, tmp_path):
-    model, folder = _saved(family, tmp_path)
-    out = tmp_path / "out"
-    rep = api.export(f"hf:{folder}", out, max_length=MAX_LENGTH)
-    section = _proven(load_report(out), family, out)
-    assert rep["status"] == "ok"
+def test_modality_is_exported_with_its_cache_and_proven_by_generation(family, tmp_path_factory):
+    model, out, rep = _exported(family, tmp_path_factory.mktemp(family))
+    section = _proven(rep, family, out)
     mask = "encoder_attention_mask" in _inputs(out / "decoder_with_past_model.onnx")
     assert mask == (family == "led")  # an image's rows are never padded: no mask
     if family == "led":
@@ -83,12 +94,9 @@ def test_modality_is_exported_with_its_cache_and_proven_by_generation(family, tm
 
 
 @pytest.mark.slow
-def test_speech2text_frames_and_mask_through_the_cli(tmp_path):
-    model, folder = _saved("speech_to_text", tmp_path)
-    out = tmp_path / "out"
-    proc = run_cli("export", f"hf:{folder}", "-o", str(out), "--max-length", str(MAX_LENGTH))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    section = _proven(load_report(out), "speech_to_text", out)
+def test_speech2text_frames_and_mask_through_the_cli(tmp_path_factory):
+    model, out, rep = _exported("speech_to_text", tmp_path_factory.mktemp("s2t"), cli=True)
+    section = _proven(rep, "speech_to_text", out)
     layout = section["layout"]
     assert layout["subsampled"] and layout["max_source"] == 256  # 64 positions, 4 frames each
     past = _inputs(out / "decoder_with_past_model.onnx")
@@ -96,6 +104,43 @@ def test_speech2text_frames_and_mask_through_the_cli(tmp_path):
     assert past["past_key_values.0.encoder.key"][2] == "encoded"  # the encoder output's own length
     assert any(c["padded"] and c["batch"] == 3 for c in section["proof"]["cases"])
     _generates_as_pytorch(model, out, section)
+
+
+def _until_eos(ids: list[int]) -> list[int]:
+    return ids[:ids.index(2)] if 2 in ids else ids  # the tiny models' end-of-sequence token ends the answer unseen
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("family", "field", "shape"), [
+    ("trocr", "pixel_values", (3, 32, 32)),
+    ("speech_to_text", "input_features", (37, 8)),
+    ("led", "input_ids", (40,)),
+])
+def test_generate_serves_each_modality_with_pytorch_tokens(family, field, shape, tmp_path_factory):
+    """``serve OUT/``'s generate takes the encoder's own input (pixels, frames-first features, token ids) and
+    answers ``model.generate()``'s tokens; another shape or field is a one-line 400."""
+    from onnxport.serve import serve_app
+    from tests.serve.test_serve import post, running
+
+    model, out, _ = _exported(family, tmp_path_factory.mktemp(family), cli=family == "speech_to_text")
+    rng = np.random.default_rng(3)
+    source = rng.integers(3, 60, shape) if field == "input_ids" else rng.standard_normal(shape).astype(np.float32)
+    tensor = torch.from_numpy(source[None])
+    with torch.inference_mode():
+        want = _until_eos(model.generate(**{field: tensor}, max_new_tokens=12)[0, 1:].tolist())
+    with running(serve_app(out)) as url:
+        def ask(body: dict) -> tuple[int, dict]:
+            status, _, raw = post(url, f"/v2/models/{family}/generate", json.dumps(body).encode())
+            return status, json.loads(raw)
+
+        status, answer = ask({field: source.tolist(), "parameters": {"max_tokens": 12}})
+        assert status == 200, answer
+        assert answer["output_ids"] == want and len(set(want)) >= 2
+        if field != "input_ids":
+            status, answer = ask({field: source[..., :-1].tolist()})
+            assert status == 400 and "send" in answer["error"] and "\n" not in answer["error"]
+            status, answer = ask({"text_input": "hello"})
+            assert status == 400 and field in answer["error"]
 
 
 @pytest.mark.parametrize(("family", "name", "dims", "masks"), [

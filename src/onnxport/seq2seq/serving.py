@@ -24,6 +24,7 @@ from onnxport.seq2seq.generation import stream_greedy as seq2seq_stream
 from onnxport.seq2seq.records import FILES, WITH_PAST_FILE, Seq2SeqLayout
 from onnxport.seq2seq.speech import load_feature_extractor, log_mel
 from onnxport.seq2seq.speech_request import speech_source
+from onnxport.seq2seq.tensor_request import tensor_source
 
 
 @dataclass(frozen=True)
@@ -49,15 +50,13 @@ class Seq2SeqGenerator(Generator):
         return {**super().to_dict(), "feature_extractor": self.extractor is not None}
 
     def source(self, body: dict, model: str) -> np.ndarray | None:
-        """A speech model's source (features or audio, checked: BadRequest); None for a prompt of token ids."""
-        return speech_source(body, self.layout, self.extractor, model) if self.layout.speech else None
+        """The source a request sends (checked: BadRequest): Whisper's features or audio, another encoder's
+        features or pixels; None for a prompt of token ids."""
+        if self.layout.speech:
+            return speech_source(body, self.layout, self.extractor, model)
+        return None if self.layout.source_input == "input_ids" else tensor_source(body, self.layout, model)
 
     def check_room(self, prompt: int, new_tokens: int) -> None:
-        if self.layout.source_input != "input_ids" and not self.layout.speech:
-            dims = ", ".join(str(d) for d in self.layout.source_dims)
-            raise UsageError(f"generate takes token ids or Whisper's log-mel features; this model's encoder takes "
-                             f"{self.layout.source_input} [batch, {dims}], which generate does not take yet",
-                             "run the three files with onnxport.seq2seq.generate_greedy, or infer step by step")
         if prompt < 1:
             raise UsageError("the prompt is empty", "give at least one source token")
         if prompt > self.layout.max_source:
@@ -66,11 +65,14 @@ class Seq2SeqGenerator(Generator):
         seq2seq_room(self.layout, new_tokens, self.rules)
 
     def stream(self, sess, ids: np.ndarray, max_tokens: int, rules: GreedyRules) -> Iterator[np.ndarray]:
-        """Greedy tokens for the source ``ids`` [1, n] (speech: features [1, mel_bins, frames], or audio [n])."""
-        if not self.layout.speech:
+        """Greedy tokens for the source ``ids`` [1, n] (speech: features [1, mel_bins, frames], or audio [n];
+        another encoder's features or pixels [1, *dims], a mask of ones beside a source whose length varies)."""
+        if self.layout.source_input == "input_ids":
             return seq2seq_stream(self.sessions, self.layout, [ids, np.ones_like(ids)], max_tokens, rules)
-        features = log_mel(self.extractor, ids) if ids.ndim == 1 else ids
-        return seq2seq_stream(self.sessions, self.layout, [features], max_tokens, rules)
+        source = log_mel(self.extractor, ids) if self.layout.speech and ids.ndim == 1 else ids
+        length = source.shape[1 + self.layout.source_dims.index("source")] if self.layout.dynamic else 0
+        masks = [np.ones((1, length), np.int64)] if self.layout.encoder_mask else []
+        return seq2seq_stream(self.sessions, self.layout, [source, *masks], max_tokens, rules)
 
 
 def seq2seq_generator(sig: Any, onnx_path: Path, layout: object = None) -> Seq2SeqGenerator | None:
