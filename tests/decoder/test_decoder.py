@@ -392,3 +392,21 @@ def test_a_model_with_fewer_positions_than_the_default_length_is_exported_at_all
     assert rep["decoder"]["layout"]["generation"]["not_applied"] == ["do_sample=True", "num_beams=2"]
     r = run_cli("export", f"hf:{tmp_path / 'gpt2'}", "-o", str(tmp_path / "asked"), "--max-length", "128")
     assert r.returncode == 2 and "exceeds the 40 positions" in r.stderr
+
+
+def test_an_export_that_fails_ends_the_pipeline_with_its_report(llama_dir, tmp_path, monkeypatch):
+    """The decoder's export runs as the one pipeline's export stage: when torch.export fails, report.json says
+    why (status export_failed, exit 3), as for a plain model."""
+    from onnxport import api
+    from onnxport.decoder import export as exporting
+
+    def fails(model, layout, path, opset):
+        raise RuntimeError("no way to trace this")
+
+    monkeypatch.setattr(exporting, "_export_once", fails)
+    rep = api.convert(f"hf:{llama_dir}", tmp_path / "o", max_length=24)
+    assert rep["status"] == "export_failed" and rep["validation"] is None and "decoder" not in rep
+    assert "could not be exported at opset" in rep["summary"] and "no way to trace this" in rep["summary"]
+    assert [d["code"] for d in rep["diagnostics"] if d["severity"] == "error"] == ["export-failed"]
+    assert json.loads((tmp_path / "o" / "report.json").read_text())["status"] == "export_failed"
+    assert not (tmp_path / "o" / "model.onnx").exists()

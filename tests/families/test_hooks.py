@@ -4,6 +4,7 @@ export's attempts, the validation's cases, model.onnx and the family's section f
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from onnxport import api, families
+from onnxport.core.errors import ExportFailed
 from onnxport.core.spec import InputSpec
 from onnxport.families import PIPELINE_STAGES, Exported, Family, Hooks, Made, Optimized, Proved, Run
 from onnxport.runtime.sessions import session
@@ -114,3 +116,15 @@ def test_a_family_with_hooks_runs_the_one_pipeline(toy, tmp_path: Path):
     assert rep["hooked"] == {"file": "model.onnx", "rows": [1, 3], "variants": 2}
     assert {"export", "check", "parity", "optimize"} <= set(rep["timings"])
     assert rep["benchmark"] is None and rep["variants"] == []  # its variants are its own; no plain benchmark
+
+
+def test_an_export_hook_that_fails_ends_the_run_with_its_report(toy, tmp_path: Path):
+    def fails(run: Run) -> Exported:
+        raise ExportFailed("the toy could not be exported at any opset", "try another toy", code="export-failed")
+
+    families.register(dataclasses.replace(TOY, hooks=dataclasses.replace(TOY.hooks, export=fails)))
+    rep = api.convert("hooked:toy", tmp_path / "out")
+    assert rep["status"] == "export_failed" and rep["validation"] is None and "hooked" not in rep
+    assert rep["summary"] == "Export failed: the toy could not be exported at any opset."
+    assert [d["code"] for d in rep["diagnostics"] if d["severity"] == "error"] == ["export-failed"]
+    assert (tmp_path / "out" / "report.json").is_file() and not (tmp_path / "out" / "model.onnx").exists()

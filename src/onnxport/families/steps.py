@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import time
 
+from onnxport.core.diagnostics import error
+from onnxport.core.errors import ExportFailed
 from onnxport.core.onnxfile import external_data_files, move_model
 from onnxport.core.records import Attempt, CaseResult, ExportResult, Failure, ParityResult
 from onnxport.diagnose import rootcause
@@ -18,9 +20,18 @@ from onnxport.report.build import Outcome
 
 def export(run: Run) -> Run:
     """The family's export (its files in ``run.work``); the export's record with one attempt per opset or way it
-    tried (``Exported.tried``) and the kept one. An export that fails raises (ExportFailed: exit 3)."""
+    tried (``Exported.tried``) and the kept one. An export that fails (ExportFailed) ends the run as the plain
+    model's does: the report says why (status ``export_failed``, exit 3)."""
     t = time.perf_counter()
-    made = run.hooks.export(run)
+    try:
+        made = run.hooks.export(run)
+    except ExportFailed as e:
+        run = run.timed(export=time.perf_counter() - t)
+        ex = run.options.export
+        tried = e.attempts or (Attempt(ex.exporter, False, run.timings["export"], ex.opset or 0, e.message),)
+        diags = (*run.loaded.diagnostics, *e.diagnostics, error("export-failed", e.message, hint=e.hint))
+        return run.but(stopped=True, outcome=Outcome(run.loaded, run.options.command, tuple(rootcause.rank(diags)),
+                                                     dict(run.timings), attempts=tried, log=run.options.log_name))
     run = run.timed(export=time.perf_counter() - t)
     result = export_result(made)
     outcome = Outcome(run.loaded, run.options.command, (*run.loaded.diagnostics, *made.diagnostics),
