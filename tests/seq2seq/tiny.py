@@ -67,7 +67,8 @@ def _vision(transformers, encoder, decoder, start: int):
 
 def _modality(transformers, family: str):
     """Tiny models of the other modalities: TrOCR-style (ViT + TrOCR decoder) and Donut-style (Swin + mBART
-    decoder) image encoders, Speech2Text's frames-first features, LED's long inputs with global attention."""
+    decoder, wider than the encoder: the model projects the encoder's output) image encoders, Speech2Text's
+    frames-first features, LED's long inputs with global attention."""
     if family == "trocr":
         vit = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
                                      num_attention_heads=2, intermediate_size=64)
@@ -78,7 +79,7 @@ def _modality(transformers, family: str):
         swin = transformers.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2],
                                        window_size=4)
         decoder = transformers.MBartConfig(encoder_layers=0, max_position_embeddings=64, is_decoder=True,
-                                           add_cross_attention=True, **SMALL)
+                                           add_cross_attention=True, **{**SMALL, "d_model": 48})
         return _vision(transformers, transformers.SwinModel(swin), transformers.MBartForCausalLM(decoder), 0)
     if family == "speech_to_text":  # 8 features per frame, two stride-2 convolutions: 4 frames per position
         return transformers.Speech2TextForConditionalGeneration(transformers.Speech2TextConfig(

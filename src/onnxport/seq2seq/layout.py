@@ -17,9 +17,9 @@ from onnxport.seq2seq.records import Seq2SeqLayout
 from onnxport.seq2seq.source import DECODER_POSITIONS, NO_CACHE_HINT, PROBE_SOURCE, Source, describe
 
 
-def _config(model_dir: str | Path) -> dict:
+def _config(model_dir: str | Path, name: str = "config.json") -> dict:
     try:
-        config = json.loads((Path(model_dir) / "config.json").read_text())
+        config = json.loads((Path(model_dir) / name).read_text())
     except (OSError, ValueError):
         return {}
     return config if isinstance(config, dict) else {}
@@ -47,12 +47,14 @@ def _image_to_text(arch: str) -> bool:
 def is_seq2seq(model_dir: str | Path) -> bool:
     """Whether the local Hugging Face directory holds an encoder-decoder that generates (its ``config.json``
     sets ``is_encoder_decoder`` and names a class of AutoModelForSeq2SeqLM or AutoModelForSpeechSeq2Seq, or an
-    image-to-text class whose encoder takes pixels and whose config names the decoder's start token)."""
+    image-to-text class whose encoder takes pixels and whose config or generation config names the decoder's start
+    token)."""
     config = _config(model_dir)
     if not config.get("is_encoder_decoder"):
         return False
     names = [str(a) for a in config.get("architectures") or []]
-    starts = config.get("decoder_start_token_id") is not None  # an image-to-text model without: its plain forward
+    starts = any(c.get("decoder_start_token_id") is not None  # an image-to-text model without: its plain forward
+                 for c in (config, _config(model_dir, "generation_config.json")))
     try:
         known = seq2seq_architectures()
         return any(a in known or (starts and _image_to_text(a)) for a in names)
