@@ -7,8 +7,6 @@ import shutil
 import subprocess
 import sys
 
-from onnxport.seq2seq.records import FEATURE_EXTRACTOR_FILE
-from onnxport.serve import speech
 from tests.architecture.test_layers import SRC, _lint_imports
 
 ORDER = "from onnxport import families; print([f.name for f in families.families()])"
@@ -31,5 +29,12 @@ def test_the_families_do_not_depend_on_what_was_imported_first():
     assert [r.stdout.strip() for r in runs] == [expected] * 2, [r.stderr for r in runs]
 
 
-def test_serve_names_the_feature_extractor_file_as_the_export_writes_it():
-    assert speech.FEATURE_EXTRACTOR_FILE == FEATURE_EXTRACTOR_FILE
+def test_the_families_add_their_server_extensions_and_repository_entries():
+    """serve/ asks the families for what it serves beyond infer: the generate extension (the decoder's, bound by
+    the encoder-decoder too) and the encoder-decoder's python-backend Triton entry."""
+    from onnxport import families
+    from onnxport.families.serving import extensions
+
+    assert [e.name for e in extensions()] == ["generate"]
+    assert [v.name for v in extensions()[0].verbs] == ["generate", "generate_stream"]
+    assert [f.name for f in families.families() if f.repository is not None] == ["seq2seq"]

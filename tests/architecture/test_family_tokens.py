@@ -23,8 +23,6 @@ MOST = {
     "bench/peak.py": 9, "core/samples.py": 5, "exporters/chain.py": 2, "optimize/nncf_int8.py": 4,
     "prove/detections.py": 2, "serve/app.py": 1, "core/greedy.py": 4, "sources/hf.py": 3,
     "optimize/registry.py": 3,  # the encoder-decoder's variant kind, until its package's modules declare it
-    "serve/repository.py": 10, "serve/triton.py": 4,
-    "serve/triton_model.py": 4,
 }
 
 

@@ -74,7 +74,9 @@ class Family:
     record, with ``to_dict``, e.g. the record's ``from_dict``), the extension it adds to the server
     (``extension``: ``"module:attr"`` of a :class:`onnxport.families.serving.Extension`, None for none) and the
     file serve and triton take from its output folder when it has no ``best.onnx``/``model.onnx`` (``served``),
-    with the files a repository entry holds together (``files``, the served one last)."""
+    with the files a repository entry holds together (``files``, the served one last) and that entry's python
+    backend (``repository``: ``(OUT, report.json, name, *, instance_count, threads, gpu)`` -> its
+    :class:`onnxport.families.serving.RepositoryEntry`)."""
 
     name: str
     stages: tuple[Stage, ...]
@@ -91,6 +93,7 @@ class Family:
     extension: str | None = None
     served: Served | None = None
     files: tuple[str, ...] = ()  # the ONNX files served together (the served one last), beside ``{section}.json``
+    repository: Callable[..., Any] | None = None  # their Triton entry's python backend (``onnxport triton``)
     parts: Parts | None = None  # a source made of several models: each part proven alone into OUT/<part>/
     joint: Joint | None = None  # then proven together (its record under report.json's ``joint_proof``)
     hooks: Hooks | None = None  # what differs in the one pipeline's stages (export, proof, variants, section)

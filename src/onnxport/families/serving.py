@@ -6,7 +6,7 @@ server parts and ``serve/`` share these without naming each other."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -86,6 +86,25 @@ class Extension:
     absent: str
     usage: str
     bind: Bind
+
+
+class TritonEnum(str):
+    """A protobuf enum value of a Triton config (``TYPE_INT64``, ``KIND_CPU``): written without quotes."""
+
+
+@dataclass(frozen=True)
+class RepositoryEntry:
+    """A family's python-backend entry of a Triton repository, for a family served from several files (its
+    ``files``, copied into ``1/`` by the writer): Triton's config (JSON form, enum values as
+    :class:`TritonEnum`) and the comment lines heading its config.pbtxt, the text of ``1/model.py``, the files
+    written into ``1/`` (name -> text) and the files or folders of the output folder copied into ``1/`` under
+    their names (those that exist)."""
+
+    config: dict
+    notes: tuple[str, ...]
+    model: str
+    written: Mapping[str, str]
+    copied: tuple[Path, ...]
 
 
 def extensions() -> tuple[Extension, ...]:

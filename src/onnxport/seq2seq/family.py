@@ -12,6 +12,7 @@ from onnxport.seq2seq.flow import load, wants_seq2seq
 from onnxport.seq2seq.outcome import SECTION
 from onnxport.seq2seq.records import FILES, WITH_PAST_FILE, Seq2SeqLayout
 from onnxport.seq2seq.stage import checked, stage
+from onnxport.seq2seq.triton import repository_entry
 
 _NAME = re.compile(r"[A-Za-z0-9\-]([A-Za-z0-9_.\-]*[A-Za-z0-9\-])?")  # a folder name as serve names models
 
@@ -37,5 +38,5 @@ FAMILY = Family(
     "seq2seq", (Stage("export_and_proof", stage, checkpoint=True),), detects=wants_seq2seq, refuse=checked,
     load=load, check_seq=False, section=SECTION, layout=Seq2SeqLayout.from_dict,
     extension="onnxport.seq2seq.serving:EXTENSION",
-    served=served_file, files=FILES,
+    served=served_file, files=FILES, repository=repository_entry,
 )

@@ -4,30 +4,25 @@
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 from onnxport import families
 from onnxport.core.errors import UsageError
-from onnxport.core.greedy import PROCESSORS_FILE
 from onnxport.core.onnxfile import external_data_files
 from onnxport.runtime.sessions import OrtOptions
 from onnxport.runtime.variant_sessions import SessionOptions
 from onnxport.serve.models import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_DELAY_MS,
-    layout_file,
     read_report,
     served_file,
     tuned_options,
 )
 from onnxport.serve.models import signature as read_signature
-from onnxport.serve.speech import FEATURE_EXTRACTOR_FILE
-from onnxport.serve.triton import config_pbtxt, model_config, seq2seq_config_pbtxt, seq2seq_model_config
+from onnxport.serve.triton import config_pbtxt, family_config_pbtxt, model_config
 from onnxport.serve.triton_env import ModelEnvironment, check, model_environment
 
 
@@ -141,9 +136,10 @@ def triton_repository(out_or_onnx: str | Path, repo_dir: str | Path, *, name: st
             raise UsageError(f"{model_dir} already exists", "pass --force to replace it, or choose another --name")
         if not model_dir.is_dir():
             raise UsageError(f"{model_dir} exists and is not a folder", "remove it or choose another --name")
-    if _served_with_others(onnx_path) and Path(out_or_onnx).is_dir():
-        return _seq2seq_repository(Path(out_or_onnx), onnx_path, name, model_dir, instance_count, gpu,
-                                   None if tuned is None else tuned.intra_op_num_threads)
+    family = _served_with_others(onnx_path)
+    if family is not None and Path(out_or_onnx).is_dir():
+        return _family_repository(family, Path(out_or_onnx), onnx_path, name, model_dir, instance_count, gpu,
+                                  None if tuned is None else tuned.intra_op_num_threads)
     sig = read_signature(onnx_path)
     config = model_config(sig, name, max_batch=max_batch, max_delay_us=int(max_delay_ms * 1000),
                           instance_count=instance_count, gpu=gpu, tuned=tuned, warmup_sizes=sizes,
@@ -189,50 +185,35 @@ def _copy_onnx(onnx_path: Path, target: Path) -> None:
         shutil.copy2(data, dst)
 
 
-def _served_with_others(onnx_path: Path) -> bool:
-    """Whether ``onnx_path`` is the served one of a family's several files (an encoder-decoder's decoder with
-    past): its entry is the python backend's."""
-    return any(f.files and onnx_path.name == f.files[-1] for f in families.families())
+def _served_with_others(onnx_path: Path) -> families.Family | None:
+    """The family whose several files ``onnx_path`` is the served one of (an encoder-decoder's decoder with
+    past), when it writes a python-backend entry for them (``Family.repository``); None otherwise."""
+    return next((f for f in families.families()
+                 if f.files and f.repository is not None and onnx_path.name == f.files[-1]), None)
 
 
-def _seq2seq_layout(out: Path) -> dict:
-    """report.json's ``seq2seq.layout`` of an encoder-decoder's output folder (UsageError when missing)."""
-    try:
-        layout = (read_report(out) or {})["seq2seq"]["layout"]
-        int(layout["layers"]), int(layout["decoder_start_token_id"]), int(layout["max_length"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise UsageError(f"{out / 'report.json'} records no encoder-decoder layout ({type(e).__name__}: "
-                         f"{str(e)[:120]})", "export the model again with onnxport export/convert") from None
-    return layout
-
-
-def _seq2seq_repository(out: Path, with_past: Path, name: str, model_dir: Path, instance_count: int, gpu: bool,
-                        threads: int | None) -> TritonRepository:
-    """An encoder-decoder's Triton entry: the python backend's ``1/model.py`` (the greedy loop with onnxruntime,
-    :mod:`onnxport.serve.triton_model`, and ``1/greedy_processors.py``, the generation config's rules from
-    :mod:`onnxport.core.greedy`) beside its three files (the best variant's when convert chose one),
-    ``1/seq2seq.json`` (the layout), the tokenizer and feature extractor, ``config.pbtxt`` (with what the model's
-    Python environment needs: :mod:`onnxport.serve.triton_env`) and the manifest."""
-    if gpu:
-        raise UsageError("--gpu does not apply to an encoder-decoder: its python-backend model.py runs onnxruntime "
-                         "on the CPU", "leave --gpu out (or serve it with onnxport serve OUT/)")
-    layout, family = _seq2seq_layout(out), families.get("seq2seq")
-    config = seq2seq_model_config(layout, name, instance_count=instance_count, threads=threads)
+def _family_repository(family: families.Family, out: Path, served: Path, name: str, model_dir: Path,
+                       instance_count: int, gpu: bool, threads: int | None) -> TritonRepository:
+    """A python-backend entry for a family served from several files: its files (the best variant's when
+    convert chose one) beside what the family's ``repository`` gives (``1/model.py``, the files it writes, the
+    ones it copies from the output folder, its config), ``config.pbtxt`` (with what the model's Python
+    environment needs: :mod:`onnxport.serve.triton_env`) and the manifest."""
+    report = read_report(out)
+    entry = family.repository(out, report or {}, name, instance_count=instance_count, threads=threads, gpu=gpu)
     tmp = _staging(model_dir)
     try:
         for file in family.files:
-            _copy_onnx(with_past.parent / file, tmp / "1" / file)
-        (tmp / "1" / "model.py").write_text(resources.files("onnxport.serve").joinpath("triton_model.py")
-                                            .read_text(encoding="utf-8"), encoding="utf-8")
-        (tmp / "1" / PROCESSORS_FILE).write_text(resources.files("onnxport.core").joinpath("greedy.py")
-                                                 .read_text(encoding="utf-8"), encoding="utf-8")
-        (tmp / "1" / layout_file(family)).write_text(json.dumps(layout, indent=2) + "\n", encoding="utf-8")
-        if (out / "tokenizer").is_dir():  # serve REPO's generate takes text with it
-            shutil.copytree(out / "tokenizer", tmp / "1" / "tokenizer")
-        if (out / FEATURE_EXTRACTOR_FILE).is_file():  # ... and audio with this
-            shutil.copy2(out / FEATURE_EXTRACTOR_FILE, tmp / "1" / FEATURE_EXTRACTOR_FILE)
-        env = model_environment([tmp / "1" / file for file in family.files], read_report(out))
-        (tmp / "config.pbtxt").write_text(_with_environment(seq2seq_config_pbtxt(config, layout), env),
+            _copy_onnx(served.parent / file, tmp / "1" / file)
+        (tmp / "1" / "model.py").write_text(entry.model, encoding="utf-8")
+        for file, text in entry.written.items():
+            (tmp / "1" / file).write_text(text, encoding="utf-8")
+        for path in entry.copied:
+            if path.is_dir():
+                shutil.copytree(path, tmp / "1" / path.name)
+            elif path.is_file():
+                shutil.copy2(path, tmp / "1" / path.name)
+        env = model_environment([tmp / "1" / file for file in family.files], report)
+        (tmp / "config.pbtxt").write_text(_with_environment(family_config_pbtxt(entry.config, entry.notes), env),
                                           encoding="utf-8")
         (tmp / "inferenceservice.yaml").write_text(inference_service(name, model_format="triton"), encoding="utf-8")
         _move_in(tmp, model_dir)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from onnxport.core.greedy import GreedyRules
+from onnxport.families.serving import TritonEnum
 from onnxport.runtime.sessions import CUDA, TENSORRT, OrtOptions
 from onnxport.runtime.variant_sessions import SessionOptions, is_openvino
 from onnxport.serve.models import (
@@ -15,9 +15,7 @@ from onnxport.serve.models import (
     TensorSpec,
 )
 
-
-class _Enum(str):
-    """A protobuf enum value: written without quotes in text format."""
+_Enum = TritonEnum  # a protobuf enum value: written without quotes in text format
 
 
 _MAPS = {"parameters", "inputs"}  # map<string, message> fields in ModelConfig
@@ -189,41 +187,7 @@ def config_pbtxt(config: dict) -> str:
     return "\n".join(notes + text) + "\n"
 
 
-def seq2seq_model_config(layout: dict, name: str, *, instance_count: int = 1, threads: int | None = None) -> dict:
-    """Triton's configuration (JSON form) of an encoder-decoder served by the python backend (``model.py``, the
-    greedy loop over its three files with onnxruntime): ``layout`` is report.json's ``seq2seq.layout``.
-    ``max_batch_size`` is 0: every tensor carries its batch as its first dim."""
-    if layout.get("speech"):
-        inputs = [{"name": "input_features", "data_type": _Enum("TYPE_FP32"),
-                   "dims": [-1, int(layout["mel_bins"]), int(layout["frames"])]}]
-    else:
-        inputs = [{"name": "input_ids", "data_type": _Enum("TYPE_INT64"), "dims": [-1, -1]},
-                  {"name": "attention_mask", "data_type": _Enum("TYPE_INT64"), "dims": [-1, -1], "optional": True}]
-    inputs.append({"name": "max_tokens", "data_type": _Enum("TYPE_INT32"), "dims": [1], "optional": True})
-    return {"name": name, "backend": "python", "max_batch_size": 0,
-            "input": inputs, "output": [{"name": "output_ids", "data_type": _Enum("TYPE_INT64"), "dims": [-1, -1]}],
-            "instance_group": [{"count": instance_count, "kind": _Enum("KIND_CPU")}],
-            "parameters": {"intra_op_thread_count": {"string_value": str(threads or 0)},
-                           **{key: {"string_value": text} for key, text in generation_parameters(layout).items()}}}
-
-
-def generation_parameters(layout: dict) -> dict[str, str]:
-    """Which of the generation config's rules the greedy loop applies, and which it cannot (config parameters)."""
-    return GreedyRules.of_layout(layout).config_parameters()
-
-
-def seq2seq_config_pbtxt(config: dict, layout: dict) -> str:
-    """Render :func:`seq2seq_model_config` as config.pbtxt, with comments on the generation loop it runs."""
-    source = ("input_features FP32 [batch, mel_bins, frames] (Whisper's log-mel)" if layout.get("speech") else
-              "input_ids INT64 [batch, source] and optionally attention_mask (1 = token, 0 = right padding)")
-    notes = ["# Triton Inference Server model configuration written by onnxport: an encoder-decoder served by the",
-             "# python backend. 1/model.py runs the greedy loop with onnxruntime over 1/encoder_model.onnx (once per",
-             "# source), 1/decoder_model.onnx (the first step, on decoder_start_token_id "
-             f"{layout.get('decoder_start_token_id')}) and",
-             "# 1/decoder_with_past_model.onnx (one step per token, on the cache); 1/seq2seq.json is the layout.",
-             f"# In: {source}; max_tokens INT32 [1] (default 16, at most {layout.get('max_length')}).",
-             "# Out: output_ids INT64 [batch, steps], the greedy tokens after the start token (and the decoder prompt),",
-             "# up to and including an end-of-sequence token (rows that ended early are filled with the pad token).",
-             "# Tokens are picked under the generation config's rules (1/greedy_processors.py, the parameters",
-             "# onnxport_generation_applied and onnxport_generation_not_applied below say which)."]
-    return "\n".join(notes + _pbtxt(config)) + "\n"
+def family_config_pbtxt(config: dict, notes: tuple[str, ...] = ()) -> str:
+    """Render a family's python-backend config (:attr:`onnxport.families.serving.RepositoryEntry.config`) as
+    config.pbtxt, after its comment lines ``notes``."""
+    return "\n".join([*notes, *_pbtxt(config)]) + "\n"
