@@ -101,8 +101,23 @@ def test_a_unet_folder_is_exported_and_proven_through_the_cli(folders, tmp_path)
     assert {d["symbol"] for d in rep["check"]["dynamic_dims"]} >= {"batch", "height", "width", "text"}
 
 
+def test_a_dim_is_cut_where_the_model_stops_running_and_said(folders):
+    import diffusers
+    import torch
+
+    root = folders.parent / "aura"
+    torch.manual_seed(0)
+    diffusers.AuraFlowTransformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_mmdit_layers=1,
+                                         num_single_dit_layers=1, attention_head_dim=8, num_attention_heads=2,
+                                         joint_attention_dim=16, caption_projection_dim=16, out_channels=4,
+                                         pos_embed_max_size=16).save_pretrained(str(root))
+    lm = load(f"hf:{root}")  # 16 positions: 4x4 patches of 2, so a side of 8 at most
+    assert lm.dims["height"].max == 8 and lm.dims["width"].max == 8
+    assert any("fails at 12" in d.message for d in lm.diagnostics)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["flux", "sd3"])
+@pytest.mark.parametrize("kind", ["flux", "sd3", "controlnet"])
 def test_dit_transformers_are_proven(folders, tmp_path, kind):
     rep = api.export(f"hf:{folders / kind}", tmp_path / kind)
     assert rep["status"] == "ok", rep["summary"]

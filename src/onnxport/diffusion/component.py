@@ -5,6 +5,7 @@ nothing else is imported or run), and called with the inputs its config implies 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -15,11 +16,12 @@ import torch
 from torch import nn
 
 from onnxport.core.diagnostics import info
-from onnxport.core.errors import SourceError, missing_dependency, one_line
+from onnxport.core.errors import SourceError, UsageError, missing_dependency, one_line
+from onnxport.core.samples import export_sizes, make_inputs
 from onnxport.core.spec import Dim, InputSpec, parse_dim, parse_input
 from onnxport.diffusion.inputs import BATCH, Plan, around, plan
 from onnxport.prove import compare as judging
-from onnxport.sources.base import LoadedModel
+from onnxport.sources.base import LoadedModel, make_flat
 from onnxport.sources.finish import Finishing, declared_or, finish
 
 CONFIG = "config.json"
@@ -194,5 +196,61 @@ def load(source: str, *, inputs: Sequence[InputSpec | str] | None = None, dims: 
         return loaded(source, AUTOENCODER_PARTS[part](model), made, name, inputs=inputs, dims=dims, compare=compare,
                       extra={"part": part})
     made = plan(model.forward, model.config, name)
-    return loaded(source, Component(model, made.routes, made.fixed), made, name, inputs=inputs, dims=dims,
-                  compare=compare)
+    module = Component(model, made.routes, made.fixed)
+    if not inputs and not dims:
+        made = within_reach(module, made)
+    try:
+        return loaded(source, module, made, name, inputs=inputs, dims=dims, compare=compare)
+    except UsageError:
+        square = squared(made)
+        if inputs or square is None:
+            raise
+    try:  # some models run on square latents only (DiT unpatchifies by the square root of the token count)
+        return loaded(source, module, square, name, inputs=inputs, dims=dims, compare=compare)
+    except UsageError:
+        pass
+    return loaded(source, module, made, name, inputs=inputs, dims=dims, compare=compare)  # the first error
+
+
+def _runs(module: nn.Module, made: Plan, sizes: dict[str, int]) -> bool:
+    call = make_flat(module, made.specs)
+    try:
+        with torch.inference_mode():
+            call(*make_inputs(made.specs, sizes, seed=0))
+    except Exception:  # noqa: BLE001 - any failure means: not at these sizes
+        return False
+    return True
+
+
+def within_reach(module: nn.Module, made: Plan) -> Plan:
+    """``made`` with each dim's largest size one the model runs at, the others at their export size (a position
+    table holds so many patches: AuraFlow's, SD3's); a dim cut short is noted. The model is run once per dim
+    when it runs at the largest size, as it does for most."""
+    base = export_sizes(made.dims)
+    dims, notes = dict(made.dims), list(made.notes)
+    for sym, dim in made.dims.items():
+        sizes = list(dim.sizes or range(dim.min, dim.max + 1))
+        if sym == "batch" or len(sizes) < 2 or _runs(module, made, {**base, sym: sizes[-1]}):
+            continue
+        lo, hi = 0, len(sizes) - 1  # sizes[lo] runs (the export size's side), sizes[hi] does not
+        lo = max((i for i, n in enumerate(sizes) if n <= base[sym]), default=0)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if _runs(module, made, {**base, sym: sizes[mid]}) else (lo, mid)
+        kept = tuple(n for n in sizes if n <= sizes[lo])
+        dims[sym] = Dim(sym, kept[0], kept[-1], min(dim.example or kept[-1], kept[-1]),
+                        sizes=kept if dim.sizes else None)
+        notes.append(f"{sym} up to {kept[-1]}: the PyTorch model fails at {sizes[hi]} (its position table ends there)")
+    return dataclasses.replace(made, dims=dims, notes=tuple(notes))
+
+
+def squared(made: Plan) -> Plan | None:
+    """``made`` with the latent's width tied to its height (one dim, ``height``), or None when it has no pair."""
+    if "height" not in made.dims or "width" not in made.dims:
+        return None
+    specs = tuple(dataclasses.replace(s, shape=tuple("height" if d == "width" else d for d in s.shape))
+                  for s in made.specs)
+    dims = {k: v for k, v in made.dims.items() if k != "width"}
+    return dataclasses.replace(made, specs=specs, dims=dims, notes=(
+        *made.notes, "the model runs on square latents only (it fails when height and width differ): one dim, "
+                     "height, sizes both"))
