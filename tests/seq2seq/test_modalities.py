@@ -178,3 +178,38 @@ def test_dense_window_attention_equals_the_windowed_one():
         got = dense_window_attention(layer, hidden, masked, is_global)
     assert want.shape == got.shape and torch.allclose(got, want, atol=1e-5)
     assert not torch.allclose(got, dense_window_attention(layer, hidden, masked, torch.zeros_like(is_global)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("family", "field", "shape"), [
+    ("trocr", "pixel_values", (2, 3, 32, 32)),
+    ("speech_to_text", "input_features", (2, 37, 8)),
+    ("led", "input_ids", (2, 40)),
+])
+def test_triton_python_backend_takes_each_modality(family, field, shape, tmp_path_factory, monkeypatch):
+    """``onnxport triton OUT/``'s model.py feeds the encoder's own input (LED's global tokens too) and answers
+    ``model.generate()``'s tokens; a wrong shape is the request's error."""
+    from onnxport.serve.repository import triton_repository
+    from tests.seq2seq.test_triton import _answer, _load, _rows
+
+    model, out, _ = _exported(family, tmp_path_factory.mktemp(family), cli=family == "speech_to_text")
+    entry = triton_repository(out, tmp_path_factory.mktemp("repo"), name=family).model_dir
+    assert f'name: "{field}"' in (entry / "config.pbtxt").read_text()
+    backend = _load(entry, monkeypatch)
+    rng = np.random.default_rng(7)
+    source = rng.integers(3, 60, shape) if field == "input_ids" else rng.standard_normal(shape).astype(np.float32)
+    inputs = {field: source}
+    if family != "trocr":  # the second row right-padded
+        mask = np.ones(shape[:2], np.int64)
+        mask[1, 30:] = 0
+        inputs["attention_mask"] = mask
+    if family == "led":
+        inputs["global_attention_mask"] = (np.arange(shape[1]) == 0).astype(np.int64)[None].repeat(2, 0)
+    with torch.inference_mode():
+        want = model.generate(**{k: torch.from_numpy(v) for k, v in inputs.items()}, max_new_tokens=12)[:, 1:]
+    answer = _answer(backend, **inputs, max_tokens=np.array([12], np.int32))
+    assert answer.error is None, answer.error.message
+    assert _rows(answer.output_tensors[0].as_numpy(), 2) == _rows(want.numpy(), 2)
+    bad = _answer(backend, **{field: source[:, :1] if family == "trocr" else source[..., :0]})
+    assert bad.output_tensors == [] and field in bad.error.message
+    backend.finalize()

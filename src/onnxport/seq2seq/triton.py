@@ -14,7 +14,7 @@ from onnxport.core.errors import UsageError
 from onnxport.core.greedy import PROCESSORS_FILE, GreedyRules
 from onnxport.families.serving import RepositoryEntry, TritonEnum
 from onnxport.seq2seq.outcome import SECTION
-from onnxport.seq2seq.records import FEATURE_EXTRACTOR_FILE
+from onnxport.seq2seq.records import FEATURE_EXTRACTOR_FILE, Seq2SeqLayout
 
 LAYOUT_FILE = f"{SECTION}.json"  # the layout beside model.py (serve REPO reads it back: Family.layout)
 
@@ -34,12 +34,13 @@ def model_config(layout: dict, name: str, *, instance_count: int = 1, threads: i
     """Triton's configuration (JSON form) of an encoder-decoder served by the python backend (``model.py``, the
     greedy loop over its three files with onnxruntime): ``layout`` is report.json's ``seq2seq.layout``.
     ``max_batch_size`` is 0: every tensor carries its batch as its first dim."""
-    if layout.get("speech"):
-        inputs = [{"name": "input_features", "data_type": TritonEnum("TYPE_FP32"),
-                   "dims": [-1, int(layout["mel_bins"]), int(layout["frames"])]}]
-    else:
-        inputs = [{"name": "input_ids", "data_type": TritonEnum("TYPE_INT64"), "dims": [-1, -1]},
-                  {"name": "attention_mask", "data_type": TritonEnum("TYPE_INT64"), "dims": [-1, -1], "optional": True}]
+    found = Seq2SeqLayout.from_dict(layout)
+    ids = found.source_input == "input_ids"
+    source = [-1, *(-1 if d == "source" else int(d) for d in found.source_dims)]
+    inputs = [{"name": found.source_input, "data_type": TritonEnum("TYPE_INT64" if ids else "TYPE_FP32"),
+               "dims": source}]
+    for mask in found.encoder_inputs[1:]:  # attention_mask, LED's global_attention_mask
+        inputs.append({"name": mask, "data_type": TritonEnum("TYPE_INT64"), "dims": [-1, -1], "optional": True})
     inputs.append({"name": "max_tokens", "data_type": TritonEnum("TYPE_INT32"), "dims": [1], "optional": True})
     return {"name": name, "backend": "python", "max_batch_size": 0,
             "input": inputs, "output": [{"name": "output_ids", "data_type": TritonEnum("TYPE_INT64"), "dims": [-1, -1]}],
@@ -55,8 +56,12 @@ def generation_parameters(layout: dict) -> dict[str, str]:
 
 def config_notes(layout: dict) -> tuple[str, ...]:
     """The comments heading the config.pbtxt of :func:`model_config`: the generation loop it runs."""
-    source = ("input_features FP32 [batch, mel_bins, frames] (Whisper's log-mel)" if layout.get("speech") else
-              "input_ids INT64 [batch, source] and optionally attention_mask (1 = token, 0 = right padding)")
+    found = Seq2SeqLayout.from_dict(layout)
+    dims = ", ".join(str(d) for d in found.source_dims)
+    masks = " and ".join(found.encoder_inputs[1:])
+    source = ("input_features FP32 [batch, mel_bins, frames] (Whisper's log-mel)" if found.speech else
+              f"{found.source_input} {'INT64' if found.source_input == 'input_ids' else 'FP32'} [batch, {dims}]"
+              + (f" and optionally {masks} (attention_mask: 1 = kept, 0 = right padding)" if masks else ""))
     return ("# Triton Inference Server model configuration written by onnxport: an encoder-decoder served by the",
             "# python backend. 1/model.py runs the greedy loop with onnxruntime over 1/encoder_model.onnx (once per",
             "# source), 1/decoder_model.onnx (the first step, on decoder_start_token_id "

@@ -7,9 +7,11 @@ from :mod:`onnxport.core.greedy`) only, so that it runs in Triton's python backe
 onnxport itself never imports it.
 
 Inputs (``max_batch_size: 0``: the batch is the first dim of each tensor): ``input_ids`` INT64 [batch, source]
-and the optional ``attention_mask`` INT64 [batch, source] (1 for tokens, 0 for right padding) of a text model,
-or ``input_features`` FP32 [batch, mel_bins, frames] of Whisper; the optional ``max_tokens`` INT32 [1] (default
-16). Output: ``output_ids`` INT64 [batch, steps], the greedy tokens after ``decoder_start_token_id`` and the
+and the optional ``attention_mask`` INT64 [batch, source] (1 for tokens, 0 for right padding) of a text model
+(and LED's optional ``global_attention_mask``, none global when left out), ``input_features`` FP32 [batch,
+mel_bins, frames] of Whisper, or another encoder's input as the export recorded it (``source_input`` FP32 [batch,
+*source_dims]: Speech2Text's frames-first features with their optional ``attention_mask``, pixels); the optional
+``max_tokens`` INT32 [1] (default 16). Output: ``output_ids`` INT64 [batch, steps], the greedy tokens after ``decoder_start_token_id`` and the
 decoder prompt (the end-of-sequence token included; a row that ended before the others is filled with the pad
 token), as ``model.generate`` returns them with the generation config's rules, without its prompt."""
 
@@ -48,7 +50,7 @@ def greedy(sessions: list, layout: dict, feeds: dict, max_tokens: int) -> np.nda
     encoder, first, with_past = sessions
     layers, rules = int(layout["layers"]), rules_of(layout)
     (states,) = encoder.run(["last_hidden_state"], feeds)
-    masks = {} if layout.get("speech") else {"encoder_attention_mask": feeds["attention_mask"]}
+    masks = {"encoder_attention_mask": feeds["attention_mask"]} if "attention_mask" in feeds else {}
     ids = np.tile(np.asarray([int(layout["decoder_start_token_id"]), *rules.decoder_prompt], np.int64),
                   (states.shape[0], 1))
     decoding = rules.start(ids, max_tokens)
@@ -76,17 +78,24 @@ def _tensor(request, name: str) -> np.ndarray | None:
     return None if tensor is None else tensor.as_numpy()
 
 
+def source_of(layout: dict) -> tuple[str, list, bool, bool]:
+    """(the encoder's main input, its dims after the batch ("source": any length), whether attention_mask and
+    global_attention_mask go beside it), as the export recorded them; an older export: token ids, or Whisper's."""
+    if layout.get("source_input"):
+        return (str(layout["source_input"]), list(layout.get("source_dims") or []), bool(layout.get("source_mask")),
+                bool(layout.get("global_attention")))
+    if layout.get("speech"):
+        return "input_features", [int(layout["mel_bins"]), int(layout["frames"])], False, False
+    return "input_ids", ["source"], True, False
+
+
 def encoder_feeds(layout: dict, request) -> dict:
     """The encoder's feeds from a request; ValueError naming what is wrong."""
+    name, dims, masked, marks = source_of(layout)
     if layout.get("speech"):
-        features = _tensor(request, "input_features")
-        want = [int(layout["mel_bins"]), int(layout["frames"])]
-        if features is None or features.ndim != 3 or list(features.shape[1:]) != want or not features.shape[0]:
-            got = None if features is None else list(features.shape)
-            raise ValueError(f"input_features must be FP32 [batch, {want[0]}, {want[1]}], got {got}")
-        if not np.isfinite(features).all():
-            raise ValueError("input_features holds a value that is not a finite number")
-        return {"input_features": features.astype(np.float32)}
+        return _whisper_feeds(layout, request)
+    if name != "input_ids":
+        return _tensor_feeds(layout, request, name, dims, masked)
     ids = _tensor(request, "input_ids")
     if ids is None or ids.ndim != 2 or 0 in ids.shape:
         raise ValueError(f"input_ids must be INT64 [batch, source], got {None if ids is None else list(ids.shape)}")
@@ -95,11 +104,46 @@ def encoder_feeds(layout: dict, request) -> dict:
     vocab = int(layout.get("vocab") or 0)
     if ids.min() < 0 or (vocab and ids.max() >= vocab):
         raise ValueError(f"input_ids holds a token id outside the vocabulary 0..{vocab - 1}")
-    mask = _tensor(request, "attention_mask")
-    mask = np.ones_like(ids) if mask is None else mask
-    if mask.shape != ids.shape:
-        raise ValueError(f"attention_mask has shape {list(mask.shape)}, input_ids {list(ids.shape)}")
-    return {"input_ids": ids.astype(np.int64), "attention_mask": mask.astype(np.int64)}
+    feeds = {"input_ids": ids.astype(np.int64), "attention_mask": _mask(request, "attention_mask", ids.shape, 1)}
+    if marks:  # LED: no global token unless given, as generate without a global_attention_mask
+        feeds["global_attention_mask"] = _mask(request, "global_attention_mask", ids.shape, 0)
+    return feeds
+
+
+def _mask(request, name: str, shape: tuple, fill: int) -> np.ndarray:
+    mask = _tensor(request, name)
+    mask = np.full(shape, fill, np.int64) if mask is None else mask
+    if mask.shape != tuple(shape):
+        raise ValueError(f"{name} has shape {list(mask.shape)}, the source {list(shape)}")
+    return mask.astype(np.int64)
+
+
+def _whisper_feeds(layout: dict, request) -> dict:
+    features = _tensor(request, "input_features")
+    want = [int(layout["mel_bins"]), int(layout["frames"])]
+    if features is None or features.ndim != 3 or list(features.shape[1:]) != want or not features.shape[0]:
+        got = None if features is None else list(features.shape)
+        raise ValueError(f"input_features must be FP32 [batch, {want[0]}, {want[1]}], got {got}")
+    if not np.isfinite(features).all():
+        raise ValueError("input_features holds a value that is not a finite number")
+    return {"input_features": features.astype(np.float32)}
+
+
+def _tensor_feeds(layout: dict, request, name: str, dims: list, masked: bool) -> dict:
+    """Another encoder's input (Speech2Text's frames-first features, pixels) and its mask (ones when left out)."""
+    value, most = _tensor(request, name), int(layout["max_source"])
+    fits = value is not None and value.ndim == len(dims) + 1 and value.shape[0] > 0 and all(
+        1 <= n <= most if d == "source" else n == int(d) for n, d in zip(value.shape[1:], dims))
+    if not fits:
+        want = ", ".join(f"1..{most}" if d == "source" else str(d) for d in dims)
+        raise ValueError(f"{name} must be FP32 [batch, {want}], got {None if value is None else list(value.shape)}")
+    if not np.isfinite(value).all():
+        raise ValueError(f"{name} holds a value that is not a finite number")
+    feeds = {name: value.astype(np.float32)}
+    if masked:
+        length = value.shape[1 + dims.index("source")]
+        feeds["attention_mask"] = _mask(request, "attention_mask", (value.shape[0], length), 1)
+    return feeds
 
 
 def max_tokens(layout: dict, request) -> int:
