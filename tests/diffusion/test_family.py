@@ -206,3 +206,42 @@ def test_the_chosen_variants_are_judged_together_on_the_image(folders, pipeline_
     assert proof is not None and proof.passed  # the exports themselves are right
     assert proof.best["variants"] == {"unet": "fp16"} and proof.best["passed"] is kept, proof.best
     assert ("together keep" in proof.summary) is kept
+
+
+@pytest.mark.slow
+def test_every_model_of_the_pipeline_is_served_over_kserve_v2(pipeline_out):
+    import numpy as np
+    import onnxruntime as ort
+    import tritonclient.http as th
+
+    from onnxport.serve import serve_app
+    from tests.serve.test_grpc import serving
+
+    out = pipeline_out[0]
+    app = serve_app(out, max_batch=4, max_delay_ms=1)
+    with serving(app) as (_, http, _grpc):
+        client = th.InferenceServerClient(http)
+        assert {m["name"] for m in client.get_model_repository_index()} == {
+            "text_encoder", "unet", "vae_encoder", "vae_decoder"}
+        rng = np.random.default_rng(0)
+        feeds = {"latent_sample": rng.standard_normal((1, 4, 8, 8), dtype=np.float32)}
+        inputs = []
+        for name, value in feeds.items():
+            inputs.append(th.InferInput(name, list(value.shape), "FP32"))
+            inputs[-1].set_data_from_numpy(value)
+        got = client.infer("vae_decoder", inputs).as_numpy("sample")
+        want = ort.InferenceSession(str(out / "vae_decoder" / "model.onnx")).run(None, feeds)[0]
+        assert got.shape == (1, 3, 16, 16) and np.allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_pipeline_is_one_triton_entry_per_model(pipeline_out, tmp_path):
+    import json
+
+    repo = tmp_path / "repo"
+    proc = run_cli("triton", str(pipeline_out[0]), "--repo", str(repo), "--name", "sd", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    entries = json.loads(proc.stdout)
+    assert [e["name"] for e in entries] == ["sd_text_encoder", "sd_unet", "sd_vae_encoder", "sd_vae_decoder"]
+    for e in entries:
+        assert (repo / e["name"] / "config.pbtxt").is_file() and (repo / e["name"] / "1" / "model.onnx").is_file()

@@ -319,7 +319,7 @@ def triton(out: Annotated[Path, typer.Argument(help="an output folder (or a .onn
     from onnxport.core.errors import UsageError
     from onnxport.serve import check_limits
     from onnxport.serve.models import check_model_name, check_repository_folder
-    from onnxport.serve.repository import triton_repository
+    from onnxport.serve.repository import triton_repositories
 
     # every option is checked before the model is read
     check_limits(max_batch=max_batch, max_delay_ms=max_delay_ms, flags=True)
@@ -328,15 +328,17 @@ def triton(out: Annotated[Path, typer.Argument(help="an output folder (or a .onn
     if name is not None:
         check_model_name(name)
     check_repository_folder(repo)
-    res = triton_repository(out, repo, name=name, max_batch=max_batch, max_delay_ms=max_delay_ms,
-                            instance_count=instances, gpu=gpu, force=force)
-    if json_out:
-        print(json.dumps(res.to_dict(), indent=2, default=str))
-    for key, value in res.to_dict().items():
-        if key != "warnings":
-            err.print(f"  {key:<10}{value}")
-    for warning in res.warnings:  # the versions the model's environment needs cannot work together
-        err.print(f"[yellow]warning:[/] {escape(warning)}", markup=True)
+    written = triton_repositories(out, repo, name=name, max_batch=max_batch, max_delay_ms=max_delay_ms,
+                                  instance_count=instances, gpu=gpu, force=force)
+    if json_out:  # one entry: its object, as always; a model made of several: one object per entry
+        dicts = [res.to_dict() for res in written]
+        print(json.dumps(dicts[0] if len(dicts) == 1 else dicts, indent=2, default=str))
+    for res in written:
+        for key, value in res.to_dict().items():
+            if key != "warnings":
+                err.print(f"  {key:<10}{value}")
+        for warning in res.warnings:  # the versions the model's environment needs cannot work together
+            err.print(f"[yellow]warning:[/] {escape(warning)}", markup=True)
 
 
 @app.command()

@@ -208,6 +208,23 @@ def served_file(out: Path, report: object = None) -> Path | None:
     return None
 
 
+def component_folders(out: Path) -> list[Path]:
+    """The output folders of an output folder made of several models (report.json's ``components``: a diffusion
+    pipeline's text encoders, denoiser and autoencoder halves), each holding a file to serve; [] for any other
+    folder. A component's name is a plain model name naming a folder inside ``out``, or it is left out."""
+    report = read_report(out)
+    listed = report.get("components") if isinstance(report, dict) else None
+    found: list[Path] = []
+    for entry in listed if isinstance(listed, list) else []:
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or _model_name(name) != name:
+            continue
+        folder = out / name
+        if folder.is_dir() and served_file(folder) is not None:
+            found.append(folder)
+    return found
+
+
 def output_folder(path: Path) -> Path:
     """The output folder a served file belongs to (:func:`onnxport.core.outdir.served_output_folder`)."""
     return served_output_folder(path)
@@ -337,6 +354,9 @@ def _discover(path: Path) -> list[ModelSource]:
         raise UsageError(f"{path} does not exist", "pass an onnxport output folder, a .onnx file or a repository")
     if served_file(path) is not None:
         return [_from_output_folder(path)]
+    parts = component_folders(path)
+    if parts:  # a model made of several (report.json's components): each served under its part's name
+        return [_from_output_folder(folder) for folder in parts]
     sources = [s for entry in sorted(path.iterdir()) if entry.is_dir() and (s := _from_repository_entry(entry))]
     if not sources:
         raise UsageError(f"{path} holds no model to serve",

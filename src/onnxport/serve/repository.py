@@ -8,6 +8,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from onnxport import families
 from onnxport.core.errors import UsageError
@@ -17,6 +18,7 @@ from onnxport.runtime.variant_sessions import SessionOptions
 from onnxport.serve.models import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_DELAY_MS,
+    component_folders,
     read_report,
     served_file,
     tuned_options,
@@ -112,6 +114,19 @@ def _read_out(path: Path) -> tuple[Path, str, OrtOptions | None, dict[str, int],
         if onnx_path.name == "best.onnx" and isinstance(best, dict) and isinstance(best.get("session_options"), dict):
             variant = SessionOptions.from_dict(best["session_options"])
     return onnx_path, name, tuned, sizes, variant
+
+
+def triton_repositories(out_or_onnx: str | Path, repo_dir: str | Path, *, name: str | None = None,
+                        **options: Any) -> list[TritonRepository]:
+    """What :func:`triton_repository` writes, one entry per model: an output folder made of several models
+    (report.json's ``components``: a diffusion pipeline) writes one entry per component, named after it
+    (``name``: their prefix, ``{name}_{component}``); any other source, its one entry."""
+    path = Path(out_or_onnx)
+    parts = component_folders(path) if path.is_dir() else []
+    if not parts:
+        return [triton_repository(path, repo_dir, name=name, **options)]
+    return [triton_repository(folder, repo_dir, name=f"{name}_{folder.name}" if name else folder.name, **options)
+            for folder in parts]
 
 
 def triton_repository(out_or_onnx: str | Path, repo_dir: str | Path, *, name: str | None = None,
