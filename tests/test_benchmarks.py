@@ -173,3 +173,11 @@ def test_first_hour(tmp_path):
     assert re.search(r"^tiny_mlp +exit 0 +[\d.]+ s +best ", proc.stdout, re.M)
     got = json.loads(out.read_text())
     assert got["models"][0]["status"] == "ok" and "flags" in got["cpu"] and got["command"].endswith("--out " + str(out))
+
+
+def test_diffusion_catalogue(tmp_path):
+    out = tmp_path / "catalogue.json"
+    proc = bench("diffusion_catalogue.py", "--only", "vae-tiny", "--out", str(out))
+    rows = json.loads(out.read_text())["models"]
+    assert [(r["name"], r["outcome"]) for r in rows] == [("vae-tiny", "proven")], proc.stdout
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"proven": 1}

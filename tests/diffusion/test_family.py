@@ -245,3 +245,33 @@ def test_the_pipeline_is_one_triton_entry_per_model(pipeline_out, tmp_path):
     assert [e["name"] for e in entries] == ["sd_text_encoder", "sd_unet", "sd_vae_encoder", "sd_vae_decoder"]
     for e in entries:
         assert (repo / e["name"] / "config.pbtxt").is_file() and (repo / e["name"] / "1" / "model.onnx").is_file()
+
+
+@pytest.mark.parametrize("change, said", [
+    ({"sample_size": "big"}, "sample_size = 'big' is not valid"),
+    ({"sample_size": 10**9}, "sample_size = '1000000000' is not valid"),
+    ({"block_out_channels": [160000, 320000]}, "parameters; the weights in"),
+    ({"in_channels": -4}, "config.json does not build a UNet2DConditionModel"),
+    ({"_class_name": "DiffusionPipeline"}, "no diffusers model class"),
+])
+def test_a_hostile_config_is_one_line_before_the_model_is_built(folders, tmp_path, change, said):
+    import json
+    import shutil
+
+    folder = tmp_path / "unet"
+    shutil.copytree(folders / "unet", folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **change}))
+    proc = run_cli("export", f"hf:{folder}", "-o", str(tmp_path / "o"))
+    assert proc.returncode == 2 and said in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and not (tmp_path / "o").exists()
+
+
+def test_a_folder_without_weights_is_one_line(folders, tmp_path):
+    import shutil
+
+    shutil.copytree(folders / "unet", tmp_path / "unet")
+    for f in (tmp_path / "unet").glob("*.safetensors"):
+        f.unlink()
+    with pytest.raises(SourceError, match="holds no weights"):
+        load(f"hf:{tmp_path / 'unet'}")

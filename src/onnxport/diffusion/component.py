@@ -19,7 +19,7 @@ from onnxport.core.diagnostics import info
 from onnxport.core.errors import SourceError, UsageError, missing_dependency, one_line
 from onnxport.core.samples import export_sizes, make_inputs
 from onnxport.core.spec import Dim, InputSpec, parse_dim, parse_input
-from onnxport.diffusion.inputs import BATCH, Plan, around, plan
+from onnxport.diffusion.inputs import BATCH, Plan, around, plan, sample_size
 from onnxport.prove import compare as judging
 from onnxport.sources.base import LoadedModel, make_flat
 from onnxport.sources.finish import Finishing, declared_or, finish
@@ -81,12 +81,46 @@ def load_pretrained(folder: Path, name: str | None = None) -> nn.Module:
         raise SourceError(f"{folder / CONFIG} is no diffusers model config (no _class_name)",
                           "point hf: at a folder written by save_pretrained()")
     cls = model_class(name)
+    _sized(cls, folder, name)
     try:
         model = cls.from_pretrained(str(folder), local_files_only=True)
     except Exception as e:  # noqa: BLE001 - any unreadable folder is the same user error
         raise SourceError(f"cannot load the {name} in {folder}: {one_line(e, 200)}",
                           "the folder needs config.json and the weights save_pretrained() wrote") from None
     return model.eval()
+
+
+WEIGHT_FILES = ("*.safetensors", "*.bin")
+
+
+def _sized(cls: type, folder: Path, name: str) -> None:
+    """What config.json asks for, counted without building it (on the meta device), against the weights on disk
+    and this machine's memory: a config that asks for more is one line before anything is allocated."""
+    config = read_json(folder / CONFIG)
+    try:
+        with torch.device("meta"):
+            wanted = sum(p.numel() for p in cls.from_config(config).parameters())
+    except Exception as e:  # noqa: BLE001 - a config the class cannot be built from
+        raise SourceError(f"config.json does not build a {name}: {one_line(e, 200)}",
+                          "fix config.json, or save the model again with save_pretrained()") from None
+    on_disk = sum(f.stat().st_size for pattern in WEIGHT_FILES for f in folder.glob(pattern) if f.is_file())
+    if not on_disk:
+        raise SourceError(f"{folder} holds no weights (*.safetensors or *.bin) for its {name}",
+                          "save the model with save_pretrained(), which writes them beside config.json")
+    if wanted * 2 > on_disk * 1.5 + (1 << 20):  # at least 2 bytes a parameter (fp16/bf16) must be on disk
+        raise SourceError(f"config.json asks for a {name} of {wanted:,} parameters; the weights in {folder} hold "
+                          f"{on_disk:,} bytes", "the config and the weights are not of one model: save it again")
+    memory = _memory_bytes()
+    if memory and wanted * 4 > memory:
+        raise SourceError(f"the {name} has {wanted:,} parameters: {wanted * 4 / 2**30:.1f} GiB in float32, more than "
+                          f"this machine's {memory / 2**30:.1f} GiB", "export it on a machine with more memory")
+
+
+def _memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 class Component(nn.Module):
@@ -142,9 +176,7 @@ class VaeDecoder(nn.Module):
 def vae_plans(config: Mapping[str, Any]) -> dict[str, Plan]:
     """The two halves of an autoencoder (``vae_encoder``, ``vae_decoder``): the image at the config's sample
     size, the latent at that size over the encoder's downsampling."""
-    size = config.get("sample_size")
-    size = size[0] if isinstance(size, (list, tuple)) and size else size
-    size = size if isinstance(size, int) and size > 0 else 64
+    size = sample_size(config, 64)[0]
     levels = config.get("block_out_channels")
     factor = 2 ** (len(levels) - 1) if isinstance(levels, (list, tuple)) and levels else 8
     image = {"batch": BATCH, "height": around("height", size, factor), "width": around("width", size, factor)}

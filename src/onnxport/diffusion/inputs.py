@@ -48,13 +48,24 @@ def _positive(config: Mapping[str, Any], *names: str) -> int:
     return value
 
 
-def _sample_size(config: Mapping[str, Any]) -> tuple[int, int]:
+MAX_SAMPLE = 4096  # no model's sample is larger (SD's latents are 64..128, its images 512..1024)
+
+
+def sample_size(config: Mapping[str, Any], default: int = 32) -> tuple[int, int]:
+    """The config's ``sample_size`` as (height, width): ``default`` when it gives none; a SourceError naming
+    it when it is no size (not a positive integer or a pair of them, or over :data:`MAX_SAMPLE`)."""
     size = config.get("sample_size")
-    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
-        return size, size
-    if isinstance(size, (list, tuple)) and len(size) == 2 and all(isinstance(n, int) and n > 0 for n in size):
-        return int(size[0]), int(size[1])
-    return 32, 32
+    if size is None:
+        return default, default
+    pair = [size, size] if isinstance(size, int) else size
+    if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(
+            isinstance(n, int) and not isinstance(n, bool) and 0 < n <= MAX_SAMPLE for n in pair)):
+        raise SourceError(f"config.json: sample_size = {str(size)[:60]!r} is not valid (a positive integer or a "
+                          f"pair of them, at most {MAX_SAMPLE})", "fix config.json, or save the model again")
+    return int(pair[0]), int(pair[1])
+
+
+
 
 
 def _factor(config: Mapping[str, Any]) -> int:
@@ -101,7 +112,7 @@ class _Builder:
             return BATCH
         if sym == "text":
             return TEXT
-        height, width = _sample_size(self.config)
+        height, width = sample_size(self.config)
         if sym == "image":  # packed latent tokens (Flux): (height/2)·(width/2) at the model's size
             n = max(4, (height // 2) * (width // 2))
             return Dim("image", max(1, n // 4), 4 * n, n)
@@ -184,7 +195,7 @@ def _added_cond(b: _Builder) -> None:
                           "export the model as a Python module with --input for each of its inputs")
     elif "norm_type" in b.config:  # the PixArt-style transformers
         if b.config.get("use_additional_conditions") or (b.config.get("use_additional_conditions") is None
-                                                         and _sample_size(b.config)[0] == 128):
+                                                         and sample_size(b.config)[0] == 128):
             b.add("resolution", "float32", ("batch", 2), into=("added_cond_kwargs", "resolution"))
             b.add("aspect_ratio", "float32", ("batch", 1), into=("added_cond_kwargs", "aspect_ratio"))
         else:
@@ -195,7 +206,7 @@ def _controlnet_cond(b: _Builder) -> None:
     """A ControlNet's conditioning: an image at the pixel size (UNet ControlNets: the latent's size times the
     conditioning embedding's downsampling, so height and width are fixed there), else a latent."""
     if "conditioning_embedding_out_channels" in b.config:
-        height, width = _sample_size(b.config)
+        height, width = sample_size(b.config)
         scale = 2 ** (len(b.config["conditioning_embedding_out_channels"]) - 1)
         b.dims["height"] = Dim("height", height, height, height)
         b.dims["width"] = Dim("width", width, width, width)
