@@ -275,3 +275,13 @@ def test_a_folder_without_weights_is_one_line(folders, tmp_path):
         f.unlink()
     with pytest.raises(SourceError, match="holds no weights"):
         load(f"hf:{tmp_path / 'unet'}")
+
+
+@pytest.mark.slow
+def test_the_pipelines_report_pages_list_its_models(pipeline_out):
+    out = pipeline_out[0]
+    page = (out / "report.html").read_text(encoding="utf-8")
+    md = (out / "report.md").read_text(encoding="utf-8")
+    for name in ("text_encoder", "unet", "vae_encoder", "vae_decoder"):
+        assert f'href="{name}/report.html"' in page and f"]({name}/report.md)" in md
+    assert "end-to-end: 3 DDIMScheduler steps" in page and "**Together** ✅" in md

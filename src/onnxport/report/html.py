@@ -394,6 +394,8 @@ def _view(report: dict) -> dict:
         "environment": env, "env_rows": env_rows, "packages": sorted((env.get("packages") or {}).items()),
         "timings": report.get("timings") or {}, "model_path": model_path, "charts": charts,
         "open_rows": OPEN_ROWS,
+        "components": [c for c in report.get("components") or [] if isinstance(c, dict)],
+        "joint": report.get("joint_proof") if isinstance(report.get("joint_proof"), dict) else None,
     }
 
 

@@ -16,6 +16,15 @@ def render_markdown(report: dict) -> str:
     status = report["status"]
     icon = {"ok": "✅", "validation_failed": "❌", "export_failed": "⛔"}.get(status, "")
     lines = [f"## onnxport: {icon} {status}", "", report.get("summary", ""), ""]
+    joint = report.get("joint_proof")
+    if isinstance(joint, dict):
+        lines += [f"**Together** {'✅' if joint.get('passed') else '❌'} {joint.get('summary', '')}", ""]
+    parts = [c for c in report.get("components") or [] if isinstance(c, dict)]
+    if parts:
+        lines += ["| model | status | file | verdict |", "|---|---|---|---|"]
+        lines += [f"| [{c.get('name')}]({str(c.get('report')).replace('.json', '.md')}) | {c.get('status')} | `{c.get('file') or '–'}` | "
+                  f"{c.get('summary') or ''} |" for c in parts]
+        lines.append("")
     model = report["model"]
     lines.append(f"**Model** `{model['source']}` ({model['name']}, {model['parameters']:,} parameters)")
     exp = report.get("export") or {}
