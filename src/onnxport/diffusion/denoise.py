@@ -24,7 +24,7 @@ from onnxport.core.samples import export_sizes, make_inputs
 from onnxport.diffusion.component import diffusers_module, folder_of, load, read_json
 from onnxport.families import Part
 from onnxport.runtime.feeds import FeedMap
-from onnxport.runtime.sessions import session
+from onnxport.runtime.sessions import runtime_providers, session
 from onnxport.runtime.variant_sessions import open_for
 from onnxport.sources.base import LoadedModel
 
@@ -144,14 +144,17 @@ def prove(source: str, out: Path, parts: tuple[Part, ...], options: Options) -> 
         return None
     t0 = time.perf_counter()
     tol = options.proof.tolerance
+    opener = functools.partial(session, providers=runtime_providers(options.runtime))  # the run's device
     try:
-        return _run(source, out, main, dec_part, tol, t0)
+        return _run(source, out, (main, dec_part), tol, t0, opener)
     except Exception as e:  # noqa: BLE001 - a run that breaks is a proof that did not pass, said in one line
         return DenoisingProof(STEPS, "-", SEED, "image", None, None, tol, False, time.perf_counter() - t0,
                               why=one_line(e, 200))
 
 
-def _run(source: str, out: Path, main: Part, dec_part: Part | None, tol: Tolerance, t0: float) -> DenoisingProof:
+def _run(source: str, out: Path, named: tuple[Part, Part | None], tol: Tolerance, t0: float,
+         opener: Callable[[Path], Any]) -> DenoisingProof:
+    main, dec_part = named
     denoiser = load(main.source)
     specs = {s.name: s for s in denoiser.inputs}
     latent_name = next(n for n in ("sample", "hidden_states") if n in specs)
@@ -168,7 +171,7 @@ def _run(source: str, out: Path, main: Part, dec_part: Part | None, tol: Toleran
     run = functools.partial(_trajectory, scheduler=scheduler, noise=noise, conditioning=made, names=names, scale=scale)
     ref = run(_Backend(denoiser, None), _Backend(decoder, None) if fits and decoder else None)
     files = [(denoiser, out / main.name)] + ([(decoder, out / dec_part.name)] if fits and decoder and dec_part else [])
-    got = run(*(_Backend(lm, folder / "model.onnx") for lm, folder in files))
+    got = run(*(_Backend(lm, folder / "model.onnx", opener) for lm, folder in files))
     r, g = ref.double().numpy(), got.double().numpy()
     compared = "image" if fits else "latents"
     why = None
@@ -180,7 +183,7 @@ def _run(source: str, out: Path, main: Part, dec_part: Part | None, tol: Toleran
                               f"{VARIES:g}× the error allowed, {allowed:.1e})")
     elif not passed:
         why = f"outside {TIMES:g}× the tolerance (atol {tol.atol:g}, rtol {tol.rtol:g})"
-    best = _best(run, files, r) if passed else {}
+    best = _best(run, files, r, opener) if passed else {}
     return DenoisingProof(STEPS, type(scheduler).__name__, SEED, compared, _max_err(r, g), _cosine(r, g), tol,
                           passed, time.perf_counter() - t0, why=why, spread=spread, best=best)
 
@@ -195,7 +198,8 @@ def _cosine(r: np.ndarray, g: np.ndarray) -> float:
     return float(np.dot(rc, gc) / max(np.linalg.norm(rc) * np.linalg.norm(gc), 1e-30))
 
 
-def _best(run: Callable[..., torch.Tensor], files: list[tuple[LoadedModel, Path]], ref: np.ndarray) -> dict:
+def _best(run: Callable[..., torch.Tensor], files: list[tuple[LoadedModel, Path]], ref: np.ndarray,
+          opener: Callable[[Path], Any]) -> dict:
     """The variants the parts chose as best (report.json's ``best``), run together as they were proven (their
     session options), judged on the same result by its centred cosine; {} when every part keeps its export."""
     chosen: dict[str, str] = {}
@@ -207,7 +211,7 @@ def _best(run: Callable[..., torch.Tensor], files: list[tuple[LoadedModel, Path]
             chosen[folder.name] = name
             backends.append(_Backend(lm, folder / "best.onnx", open_for(best.get("session_options"), folder)))
         else:
-            backends.append(_Backend(lm, folder / "model.onnx"))
+            backends.append(_Backend(lm, folder / "model.onnx", opener))
     if not chosen:
         return {}
     g = run(*backends).double().numpy()
