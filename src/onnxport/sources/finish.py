@@ -3,6 +3,7 @@ sizes, the LoadedModel built."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from onnxport.core.diagnostics import Diagnostic
+from onnxport.core.diagnostics import Diagnostic, warning
 from onnxport.core.errors import ConstrainedDims, SourceError, UsageError, one_line
 from onnxport.core.samples import export_sizes, make_inputs
 from onnxport.core.spec import Dim, InputSpec, merge_dims
@@ -40,6 +41,7 @@ class Finishing:
     extra: dict[str, Any] | None = None
     ranges: dict[str, tuple[int, int]] | None = None
     built_here: bool = False
+    one_size: dict[str, int] | None = None  # sizes a model built for one size takes (its weights' crop size)
 
 
 def finish(source: str, name: str, kind: str, model: nn.Module, specs: list[InputSpec], declared: list[Dim],
@@ -71,6 +73,9 @@ def finish(source: str, name: str, kind: str, model: nn.Module, specs: list[Inpu
         first = one_line(e, 300)
         if isinstance(e, IndexError) and "index out of range" in first:
             raise _out_of_range(model, spec_t) from None
+        fixed_at = _one_size(flat, spec_t, resolved, more.one_size or {})
+        if fixed_at:
+            return finish(source, name, kind, model, _fixed(specs, fixed_at), declared, _noted(more, fixed_at))
         _raise_if_constrained(flat, spec_t, resolved, list(resolved))
         raise UsageError(
             f"the model fails on the example inputs ({', '.join(str(s) for s in spec_t)}): {type(e).__name__}: {first}",
@@ -83,6 +88,38 @@ def finish(source: str, name: str, kind: str, model: nn.Module, specs: list[Inpu
         source=source, name=name, kind=kind, model=model, flat=flat, inputs=spec_t, dims=resolved,
         output_names=outs, parameters=count_parameters(model), diagnostics=diags, extra=dict(more.extra or {}),
     )
+
+
+def _one_size(flat: nn.Module, specs: tuple[InputSpec, ...], dims: dict[str, Dim],
+              sizes: dict[str, int]) -> dict[str, tuple[int, tuple[int, ...]]]:
+    """The dims of ``sizes`` the model takes at that size only, each with the sizes it failed at: when it runs
+    with them there (the others at their example sizes) and fails with any one of them at other sizes (32 more
+    or less, the range's ends: a size a stride rounds to the same one runs too)."""
+    sizes = {sym: n for sym, n in sizes.items() if sym in dims and dims[sym].allows(n)}
+    base = dict(export_sizes(dims), **sizes)
+    if not sizes or not _runs(flat, specs, base):
+        return {}
+    found: dict[str, tuple[int, tuple[int, ...]]] = {}
+    for sym, n in sizes.items():
+        d = dims[sym]
+        others = [m for m in dict.fromkeys((n + 32, n - 32, d.min, d.max)) if m != n and d.allows(m)]
+        if others and not any(_runs(flat, specs, {**base, sym: m}) for m in others):
+            found[sym] = (n, tuple(others))
+    return found if len(found) == len(sizes) else {}
+
+
+def _fixed(specs: list[InputSpec], at: dict[str, tuple[int, tuple[int, ...]]]) -> list[InputSpec]:
+    """``specs`` with each dim of ``at`` written as its one size."""
+    return [InputSpec(s.name, s.dtype, tuple(at[d][0] if d in at else d for d in s.shape), s.value_range)
+            for s in specs]
+
+
+def _noted(more: Finishing, at: dict[str, tuple[int, tuple[int, ...]]]) -> Finishing:
+    """``more`` with a ``one-size`` warning naming the size each dim of ``at`` is fixed at."""
+    told = ", ".join(f"{sym} {n} (fails at {', '.join(map(str, fails))})" for sym, (n, fails) in at.items())
+    note = warning("one-size", f"the PyTorch model runs at one size only: {told}; exported and proven at that size",
+                   hint="feed the ONNX model inputs of that size (resize or crop them first)")
+    return dataclasses.replace(more, diagnostics=(*more.diagnostics, note), one_size=None)
 
 
 def _distinct_from_inputs(outs: tuple[str, ...], inputs: list[str]) -> tuple[str, ...]:

@@ -14,6 +14,7 @@ from onnxport.core.samples import make_inputs
 from onnxport.core.spec import Dim, InputSpec
 from onnxport.sources.base import LoadedModel
 from onnxport.sources.finish import Finishing, declared_or, finish
+from onnxport.sources.hf_media import audio_tower_inputs, media_spec
 
 TASKS = {
     "feature-extraction": "AutoModel",
@@ -103,7 +104,7 @@ def _model_class(transformers, config, task: str | None):
 
 
 KNOWN_INPUTS = ("input_ids", "bbox", "attention_mask", "token_type_ids", "pixel_values", "pixel_mask",
-                "input_values", "input_features", "decoder_input_ids")  # those onnxport can make up, in this order
+                "input_values", "input_features", "is_longer", "decoder_input_ids")  # those onnxport can make up, in this order
 TEXT_AFTER_IDS = ("bbox", "attention_mask", "token_type_ids")  # beside input_ids, where forward takes them
 TOWERS = ("text_config", "vision_config", "audio_config", "encoder", "decoder")  # sub-configs with a tower's settings
 VISION = ("vision_config", "encoder")
@@ -164,6 +165,8 @@ def _input_names(transformers, path: Path, model) -> list[str]:
     names = [main]
     if "input_ids" in params and "pixel_values" in params and _setting(config, "vision_config") is not None:
         names += ["input_ids", "pixel_values"]  # both towers
+    if "input_ids" in params:
+        names += audio_tower_inputs(config, params)  # CLAP: the audio tower's, from its own config
     if "input_ids" in names:
         text = list(TEXT_AFTER_IDS)
         if _has_tokenizer(path):
@@ -256,6 +259,11 @@ def _specs(config, names: list[str], path: Path | None = None, tokens: int | Non
     seq = _text_max(config, path, tokens)
     defaults = {"batch": Dim("batch", 1, 16, 2), "seq": Dim("seq", 1, seq, min(16, seq))}
     for n in names:
+        media = media_spec(config, n)  # a clip, a spectrogram, an audio tower's features
+        if media is not None:
+            specs.append(media[0])
+            defaults.update(media[1])
+            continue
         if n in ("pixel_values", "pixel_mask"):
             height, width = _image_size(config, pre)
             if n == "pixel_mask":  # 1 where the image is, 0 on padding (rows padded on the right)

@@ -18,10 +18,83 @@ IMAGE_DIMS = {
 }
 
 
-def _image_inputs(channels: int, size: tuple[int, int] | None) -> list[InputSpec]:
-    if size is None:
-        return [InputSpec("image", "float32", ("batch", channels, "height", "width"))]
-    return [InputSpec("image", "float32", ("batch", channels, size[0], size[1]))]
+VIDEO_DIMS = {  # a clip: small by default, frames and sides widened where the weights' metadata needs more
+    "batch": Dim("batch", 1, 4, 2),
+    "frames": Dim("frames", 1, 16, 4),
+    "height": Dim("height", 32, 160, 64),
+    "width": Dim("width", 32, 160, 80),
+}
+IMAGE_PARAMS = ("image", "img")  # forward parameters that each take an image (optical flow: image1, image2)
+
+
+def _image_inputs(channels: int, size: tuple[int, int] | None, names: tuple[str, ...] = ("image",)
+                  ) -> list[InputSpec]:
+    sides: tuple[int | str, int | str] = size if size is not None else ("height", "width")
+    return [InputSpec(n, "float32", ("batch", channels, *sides)) for n in names]
+
+
+def _weights_meta(torchvision, name: str) -> dict:
+    """What the first weights of ``name`` say about its inputs (never downloaded): ``min_size`` (h, w),
+    ``min_temporal_size`` (frames) and ``crop`` (h, w), the size its preprocessing hands the model."""
+    try:
+        weights = next(iter(torchvision.models.get_model_weights(name)))
+    except (ValueError, StopIteration, KeyError):
+        return {}
+    meta = {k: weights.meta[k] for k in ("min_size", "min_temporal_size") if k in weights.meta}
+    try:
+        crop = getattr(weights.transforms(), "crop_size", None)
+    except Exception:  # noqa: BLE001 - a preprocessing that cannot be built: no crop size known
+        crop = None
+    if crop:
+        meta["crop"] = (int(crop[0]), int(crop[-1]))
+    return meta
+
+
+def _image_params(model: nn.Module) -> tuple[str, ...]:
+    """The forward parameters without a default, when there are several and each takes an image (RAFT's
+    ``image1``, ``image2``); else ("image",), one image bound to the first parameter."""
+    params = [p.name for p in inspect.signature(model.forward).parameters.values()
+              if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(params) > 1 and all(p.startswith(IMAGE_PARAMS) for p in params):
+        return tuple(params)
+    return ("image",)
+
+
+def _torchvision_dims(name: str, meta: dict, video: bool, flow: bool = False) -> dict[str, Dim]:
+    """The default dims: an image's; a video clip's (batch, frames, height, width), each side at least the
+    weights' ``min_size`` and frames their ``min_temporal_size``, the example at their crop size."""
+    defaults = dict(VIDEO_DIMS if video else IMAGE_DIMS)
+    if name.startswith(("inception", "googlenet")):
+        defaults["height"] = Dim("height", 96, 512, 299)
+        defaults["width"] = Dim("width", 96, 512, 307)
+    if flow:  # RAFT: two images, each side a multiple of 8 from the weights' min_size (128) up
+        low = max(meta.get("min_size", (128, 128)))
+        sides = tuple(range(low, 2 * low + 1, 8))
+        defaults["batch"] = Dim("batch", 1, 4, 2)
+        defaults["height"] = Dim("height", low, sides[-1], low, sizes=sides, rule="multiples of 8")
+        defaults["width"] = Dim("width", low, sides[-1], low + 16, sizes=sides, rule="multiples of 8")
+    if not video:
+        return defaults
+    low_h, low_w = meta.get("min_size", (1, 1))
+    for sym, low, extra in (("height", low_h, 0), ("width", low_w, 16)):
+        d = defaults[sym]
+        if low > d.min:
+            example = meta.get("crop", (low, low))[sym == "width"] + extra
+            defaults[sym] = Dim(sym, low, max(d.max, low + 32), min(max(example, low), max(d.max, low + 32)))
+    frames = int(meta.get("min_temporal_size") or 1)
+    if frames > defaults["frames"].min:
+        defaults["frames"] = Dim("frames", frames, max(16, frames + 2), max(8, frames))
+    return defaults
+
+
+def _one_size(meta: dict, video: bool) -> dict[str, int]:
+    """The sizes to try when the model fails at the example sizes: the weights' crop size (and their least
+    frames for a clip): a model built for one size only (MaxViT, MViT) runs there."""
+    crop = meta.get("crop") or meta.get("min_size")
+    sizes = {"height": int(crop[0]), "width": int(crop[1])} if crop and min(crop) > 1 else {}
+    if video and sizes and int(meta.get("min_temporal_size") or 1) > 1:
+        sizes["frames"] = int(meta["min_temporal_size"])
+    return sizes
 
 
 def load_torchvision(source: str, inputs: list[InputSpec], dims: list[Dim]) -> LoadedModel:
@@ -45,15 +118,20 @@ def load_torchvision(source: str, inputs: list[InputSpec], dims: list[Dim]) -> L
     size = (fixed, fixed) if isinstance(fixed, int) else None
     if name.startswith("inception"):
         model.aux_logits, model.AuxLogits = False, None
-    defaults = dict(IMAGE_DIMS)
-    if name.startswith(("inception", "googlenet")):
-        defaults["height"] = Dim("height", 96, 512, 299)
-        defaults["width"] = Dim("width", 96, 512, 307)
-    specs = declared_or(inputs, _image_inputs(3, size))
+    video = name in torchvision.models.list_models(module=torchvision.models.video)
+    meta = _weights_meta(torchvision, name)
+    if video:  # a clip: [batch, channels, frames, height, width]
+        made = [InputSpec("video", "float32", ("batch", 3, "frames", "height", "width"))]
+    else:
+        made = _image_inputs(3, size, _image_params(model))
+    specs = declared_or(inputs, made)
     if not inputs and name in torchvision.models.list_models(module=torchvision.models.detection):
         # a detector takes a list of images, and a trace unrolls its loop over them: one image per run
         specs = [InputSpec("image", "float32", (1, 3, "height", "width"))]
-    return finish(source, name, "torchvision", model, specs, dims, Finishing(defaults=defaults, built_here=True))
+    flow = name in torchvision.models.list_models(module=torchvision.models.optical_flow)
+    more = Finishing(defaults=_torchvision_dims(name, meta, video, flow), built_here=True,
+                     one_size=None if inputs or dims else _one_size(meta, video))
+    return finish(source, name, "torchvision", model, specs, dims, more)
 
 
 def load_timm(source: str, inputs: list[InputSpec], dims: list[Dim]) -> LoadedModel:

@@ -1,0 +1,134 @@
+"""Inputs made up for video clips, two-image models, spectrogram audio, an audio tower beside a text tower and
+models that run at one size only, with no --input: Hugging Face video classifiers, AST and CLAP as saved
+(tiny configs), torchvision's video and optical-flow models, and a model built for one size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchvision
+import transformers as T
+from torch import nn
+
+from onnxport.api import load_model
+from onnxport.core.spec import Dim, InputSpec
+from onnxport.sources.finish import Finishing, finish
+from onnxport.sources.vision import _image_params, _one_size, _torchvision_dims, _weights_meta
+from tests.conftest import load_report, run_cli
+
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+
+
+def _models() -> dict:
+    audio = dict(spec_size=64, num_mel_bins=16, patch_embeds_hidden_size=16, hidden_size=32, depths=[1, 1],
+                 num_attention_heads=[2, 2], window_size=4)
+    return {
+        "videomae": lambda: T.VideoMAEForVideoClassification(T.VideoMAEConfig(
+            image_size=32, patch_size=16, num_frames=4, tubelet_size=2, num_labels=3, **TINY)),
+        "timesformer": lambda: T.TimesformerForVideoClassification(T.TimesformerConfig(
+            image_size=32, patch_size=16, num_frames=2, num_labels=3, **TINY)),
+        "vivit": lambda: T.VivitForVideoClassification(T.VivitConfig(
+            image_size=32, num_frames=4, tubelet_size=[2, 16, 16], num_labels=3, **TINY)),
+        "ast": lambda: T.ASTForAudioClassification(T.ASTConfig(max_length=32, num_mel_bins=16, num_labels=3,
+                                                               **TINY)),
+        "clap": lambda: T.ClapModel(T.ClapConfig(
+            projection_dim=16, text_config=dict(vocab_size=99, max_position_embeddings=40, **TINY),
+            audio_config=audio)),
+    }
+
+
+EXPECTED = {  # name -> the inputs made up, as `onnxport export` prints them
+    "videomae": ["pixel_values:float32[batch,4,3,32,32]"],
+    "timesformer": ["pixel_values:float32[batch,2,3,32,32]"],
+    "vivit": ["pixel_values:float32[batch,4,3,32,32]"],
+    "ast": ["input_values:float32[batch,32,16]"],
+    "clap": ["input_ids:int64[batch,seq]{0..98}", "attention_mask:int64[batch,seq]{0..1}",
+             "input_features:float32[batch,1,frames,16]"],
+}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    root = tmp_path_factory.mktemp("media_inputs")
+    torch.manual_seed(0)
+    for name, make in _models().items():
+        make().save_pretrained(root / name)
+    return root
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_inputs_come_from_each_config(saved, name):
+    loaded = load_model(f"hf:{saved / name}")
+    assert [str(s) for s in loaded.inputs] == EXPECTED[name]
+
+
+def test_clap_frames_reach_the_audio_towers_window(saved):
+    """CLAP's audio tower stretches its frames to spec_size x (spec_size // mel bins): 64 x 4 at most."""
+    loaded = load_model(f"hf:{saved / 'clap'}")
+    assert (loaded.dims["frames"].min, loaded.dims["frames"].max) == (16, 256)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["videomae", "ast"])
+def test_exported_and_proven(saved, tmp_path, name):
+    r = run_cli("export", f"hf:{saved / name}", "-o", str(tmp_path / name))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert load_report(tmp_path / name)["status"] == "ok"
+
+
+# --------------------------------------------------------------------------- torchvision
+
+
+def test_a_video_models_dims_come_from_its_weights_metadata():
+    """A clip's sides start at the weights' min_size and its frames at their min_temporal_size (S3D's pooling
+    needs 224 x 224 and 14 frames); without them, small clips."""
+    s3d = _torchvision_dims("s3d", _weights_meta(torchvision, "s3d"), video=True)
+    assert (s3d["height"].min, s3d["frames"].min, s3d["frames"].example) == (224, 14, 14)
+    r3d = _torchvision_dims("r3d_18", _weights_meta(torchvision, "r3d_18"), video=True)
+    assert (r3d["frames"].min, r3d["height"].min, r3d["height"].max) == (1, 32, 160)
+    assert _one_size(_weights_meta(torchvision, "mvit_v2_s"), True) == {"height": 224, "width": 224, "frames": 16}
+
+
+def test_optical_flow_takes_two_images_each_side_a_multiple_of_8():
+    raft = torchvision.models.get_model("raft_small", weights=None)
+    assert _image_params(raft) == ("image1", "image2")
+    assert _image_params(torchvision.models.get_model("resnet18", weights=None)) == ("image",)
+    dims = _torchvision_dims("raft_small", _weights_meta(torchvision, "raft_small"), video=False, flow=True)
+    assert dims["height"].sizes[:3] == (128, 136, 144) and dims["width"].rule == "multiples of 8"
+
+
+@pytest.mark.slow
+def test_torchvision_video_model_takes_a_clip():
+    loaded = load_model("torchvision:r3d_18")
+    assert [str(s) for s in loaded.inputs] == ["video:float32[batch,3,frames,height,width]"]
+    assert loaded.dims["frames"].min == 1
+
+
+class OneSize(nn.Module):
+    """Runs at 32 x 32 only (a window partition built for that size, like MaxViT's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(32 * 32, 4)
+
+    def forward(self, x):
+        return self.proj(x.reshape(x.shape[0], 3, 32 * 32)).mean(1)
+
+
+def _one_size_model(one_size):
+    specs = [InputSpec("image", "float32", ("batch", 3, "height", "width"))]
+    defaults = {"height": Dim("height", 16, 96, 32), "width": Dim("width", 16, 96, 48)}
+    return finish("x", "one", "python", OneSize(), specs, [],
+                  Finishing(defaults=defaults, built_here=True, one_size=one_size))
+
+
+def test_a_model_built_for_one_size_is_loaded_at_it_with_a_note():
+    loaded = _one_size_model({"height": 32, "width": 32})
+    assert [str(s) for s in loaded.inputs] == ["image:float32[batch,3,32,32]"]
+    (note,) = [d for d in loaded.diagnostics if d.code == "one-size"]
+    assert "height 32 (fails at 64, 16, 96)" in note.message and "proven at that size" in note.message
+
+
+def test_a_size_that_does_not_run_either_is_not_taken():
+    with pytest.raises(Exception, match="fails on the example inputs"):
+        _one_size_model({"height": 40, "width": 40})
