@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from onnxport.core.options import Options
 from onnxport.families.run import Hooks, Stage
+from onnxport.sources import validate
 from onnxport.sources.base import LoadedModel
 
 Detect = Callable[[str, "str | None"], bool]  # (source, --task) -> whether the family takes the model
@@ -149,7 +150,10 @@ def get(name: str) -> Family:
 
 def detect(source: str, task: str | None, inputs_given: bool = False) -> Family:
     """The family that takes ``source`` with --task ``task``: the first whose ``detects`` says so; the plain
-    model when none does, or when --input is given (the plain forward, exported as declared)."""
+    model when none does, or when --input is given (the plain forward, exported as declared). A Hugging Face
+    folder's config.json that cannot be read is a SourceError here, before any family reads it."""
+    if source.startswith("hf:"):
+        validate.readable(Path(source.split(":", 1)[1]))
     ordered = families()
     if not inputs_given:
         for family in ordered:

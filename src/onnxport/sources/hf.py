@@ -9,9 +9,10 @@ from pathlib import Path
 
 import torch
 
-from onnxport.core.errors import SourceError, missing_dependency, one_line
+from onnxport.core.errors import SourceError, missing_dependency
 from onnxport.core.samples import make_inputs
 from onnxport.core.spec import Dim, InputSpec
+from onnxport.sources import validate
 from onnxport.sources.base import LoadedModel
 from onnxport.sources.finish import Finishing, declared_or, finish
 from onnxport.sources.hf_media import audio_tower_inputs, media_spec
@@ -53,11 +54,7 @@ def hf_model(path: Path, *, task: str | None = None, trust_remote_code: bool = F
         raise SourceError(f"Hugging Face model directory not found: {path}", "hf:DIR takes a local directory")
     if not (path / "config.json").is_file():
         raise SourceError(f"{path} has no config.json", "point hf: at a directory saved with save_pretrained()")
-    try:
-        raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise SourceError(f"{path / 'config.json'} is not JSON ({one_line(e, 120)})",
-                          "save the model again with save_pretrained(), or fix the file") from None
+    raw = validate.read_json(path / "config.json")
     if isinstance(raw, dict) and "_diffusers_version" in raw:  # reached with --input: the plain forward
         raise SourceError(f"{path} holds a diffusers model ({raw.get('_class_name')}), whose inputs --input cannot "
                           "bind here", "leave --input out: onnxport makes its inputs up from config.json "
@@ -66,11 +63,17 @@ def hf_model(path: Path, *, task: str | None = None, trust_remote_code: bool = F
         raise SourceError(f"{path / 'config.json'} names no model_type",
                           "save the model with save_pretrained() (it writes model_type), or add \"model_type\" to "
                           "config.json by hand") from None
+    validate.check_folder(path)  # values, sizes against the weights and the memory: before anything is built
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory never needs the network
     try:
         import transformers
     except ImportError:
         raise missing_dependency("transformers", "hf") from None
+    with validate.loading(path):
+        return _from_pretrained(transformers, path, task, trust_remote_code, cache)
+
+
+def _from_pretrained(transformers, path: Path, task: str | None, trust_remote_code: bool, cache: bool):
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     try:
@@ -80,6 +83,7 @@ def hf_model(path: Path, *, task: str | None = None, trust_remote_code: bool = F
         raise SourceError(f"cannot read {path / 'config.json'}: {str(e).splitlines()[0][:200]}",
                           "pass --trust-remote-code if this model needs its own code (only for code you trust)") from None
     cls = _model_class(transformers, config, task)
+    validate.check_vocabulary(config, path)
     if not cache and hasattr(config, "use_cache"):
         config.use_cache = False
     try:
