@@ -181,3 +181,13 @@ def test_diffusion_catalogue(tmp_path):
     rows = json.loads(out.read_text())["models"]
     assert [(r["name"], r["outcome"]) for r in rows] == [("vae-tiny", "proven")], proc.stdout
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"proven": 1}
+
+
+def test_catalogue(tmp_path):
+    """A model over --max-params is listed, not built; a name torchvision does not have is refused, one line."""
+    out = tmp_path / "catalogue.json"
+    proc = bench("catalogue.py", "--only", "vit_h_14", "--only", "no_such_model", "--out", str(out))
+    rows = {r["name"]: r for r in json.loads(out.read_text())["models"]}
+    assert rows["vit_h_14"]["outcome"] == "too large" and rows["vit_h_14"]["parameters"] > 150_000_000
+    assert rows["no_such_model"]["outcome"] == "refused" and "no model" in rows["no_such_model"]["line"]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"too large": 1, "refused": 1}
