@@ -244,8 +244,13 @@ def test_generate_errors(server, llm):
     for path in (gen, stream):  # a bad request is a 4xx before any event
         message = _error(server, path, {"input_ids": list(range(1, 41)), "parameters": {"max_tokens": 16}}, 400)
         assert message == ("a prompt of 40 tokens plus 16 new ones exceeds the declared maximum of 48 tokens: "
-                           "shorten the prompt to 32 tokens, ask for fewer new tokens, or export again with a "
-                           "larger --max-length")
+                           "ask for at most 8 new tokens with this prompt; shorten the prompt to 32 tokens for 16 "
+                           "new ones; or export again with a larger --max-length")
+        whole = _error(server, path, {"input_ids": list(range(1, 48)), "parameters": {"max_tokens": 4096}}, 400)
+        assert whole.endswith("ask for at most 1 new tokens with this prompt; or export again with a larger "
+                              "--max-length")
+        assert "shorten the prompt to 0" not in whole
+        assert "not valid Unicode" in _error(server, path, {"text_input": "a\ud800b"}, 400)
         assert "unknown model 'nope'" in _error(server, path.replace("tiny-llama", "nope"), {"input_ids": [1]}, 404)
     assert "max_tokens must be an integer in 1..4096" in _error(
         server, gen, {"input_ids": [1], "parameters": {"max_tokens": 100_000}}, 400)

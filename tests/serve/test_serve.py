@@ -258,6 +258,9 @@ BAD = {
     "negative dim": ({"inputs": [_tensor(shape=[-1, 8])]}, 400, "shape"),
     "unknown output": ({"inputs": [_tensor()], "outputs": [{"name": "zzz"}]}, 400, "unknown output"),
     "not an object": ([1, 2, 3], 400, "JSON object"),
+    "NaN data": ({"inputs": [_tensor(data=[float("nan")] * 8)]}, 400, "holds NaN"),
+    "infinite data": ({"inputs": [_tensor(data=[0.5] * 7 + [float("-inf")])]}, 400, "holds -Infinity"),
+    "lone surrogate": ({"inputs": [_tensor()], "id": "a\udc00"}, 400, "not valid Unicode"),
     "binary size too big": ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8],
                                          "parameters": {"binary_data_size": 10_000}}]}, 400, "binary_data_size"),
 }
@@ -277,6 +280,9 @@ def test_malformed_json_oversize_body_and_unknown_model(server):
     assert status == 400 and "not valid JSON" in json.loads(raw)["error"]
     status, _, raw = post(server, "/v2/models/TinyMLP/infer", b"[" * 100_000)  # deep nesting
     assert status == 400 and json.loads(raw)["error"]
+    status, _, raw = post(server, "/v2/models/TinyMLP/infer", json.dumps({"inputs": [_tensor()]}).replace(
+        "0.5]", "1e400]").encode())
+    assert status == 400 and "past the largest float64" in json.loads(raw)["error"]
     status, _, raw = post(server, "/v2/models/TinyMLP/infer", b" " * (MAX_BODY + 1))
     assert status == 413 and "limit" in json.loads(raw)["error"]
     status, _, raw = post(server, "/v2/models/nope/infer", json.dumps({"inputs": [_tensor()]}).encode())

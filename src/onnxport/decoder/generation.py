@@ -19,11 +19,13 @@ def check_room(layout: CacheLayout, prompt: int, new_tokens: int) -> None:
         raise UsageError("the prompt is empty", "give at least one prompt token")
     if new_tokens < 1:
         raise UsageError(f"{new_tokens} new tokens asked for", "ask for at least one new token")
-    if prompt + new_tokens > layout.max_length:
+    most = layout.max_length
+    if prompt + new_tokens > most:
+        fits = [f"ask for at most {most - prompt} new tokens with this prompt"] if prompt < most else []
+        if new_tokens < most:
+            fits.append(f"shorten the prompt to {most - new_tokens} tokens for {new_tokens} new ones")
         raise UsageError(f"a prompt of {prompt} tokens plus {new_tokens} new ones exceeds the declared maximum of "
-                         f"{layout.max_length} tokens",
-                         f"shorten the prompt to {max(0, layout.max_length - new_tokens)} tokens, ask for fewer "
-                         "new tokens, or export again with a larger --max-length")
+                         f"{most} tokens", "; ".join([*fits, "or export again with a larger --max-length"]))
 
 
 def step_feeds(layout: CacheLayout, ids: np.ndarray, mask: np.ndarray, past: list[np.ndarray]) -> dict:

@@ -90,18 +90,56 @@ def split_body(body: bytes, header_length: str | None) -> tuple[object, bytes]:
     return loads(head), binary
 
 
+def _not_finite(literal: str) -> float:
+    raise BadRequest(f"the request holds {literal}, which JSON has no number for; send non-finite values as "
+                     "binary tensor data")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise BadRequest(f"the request holds the number {text[:40]}, past the largest float64; send non-finite "
+                         "values as binary tensor data")
+    return value
+
+
+def _check_text(value: object) -> None:
+    """A BadRequest where a string of ``value`` (a parsed body) holds a lone surrogate, which is no Unicode."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise BadRequest("the request holds a string that is not valid Unicode (a lone surrogate "
+                                 f"escape such as \\u{ord(item[_surrogate(item)]):04x})") from None
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def _surrogate(text: str) -> int:
+    return next(i for i, c in enumerate(text) if 0xD800 <= ord(c) <= 0xDFFF)
+
+
 def loads(text: bytes) -> object:
     """A JSON request body parsed: by orjson (several times faster than the json module, so a large body holds
     the interpreter lock, and the event loop's health answers, for a fraction of the time), by the json module
-    where orjson refuses what the protocol accepts (NaN and Infinity literals, integers past 64 bits)."""
+    where orjson refuses it (integers past 64 bits). NaN, Infinity, a number past float64 and a lone surrogate
+    are a BadRequest (400): strict JSON holds none of them (binary tensor data may hold non-finite values)."""
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError:
         pass
     try:
-        return json.loads(text)
+        found = json.loads(text, parse_constant=_not_finite, parse_float=_finite)
     except (ValueError, RecursionError) as e:
         raise BadRequest(f"the request is not valid JSON: {str(e)[:200]}") from None
+    _check_text(found)
+    return found
 
 
 def parse_body(body: bytes, sig: Signature, *, encoding: str, header_length: str | None, limit: int,
