@@ -63,9 +63,10 @@ def test_inputs_come_from_each_config(saved, name):
 
 
 def test_clap_frames_reach_the_audio_towers_window(saved):
-    """CLAP's audio tower stretches its frames to spec_size x (spec_size // mel bins): 64 x 4 at most."""
+    """CLAP's audio tower stretches its frames to spec_size x (spec_size // mel bins), 64 x 4: up to one less (at
+    the window itself it skips the stretch, a shape test the ONNX graph would not keep)."""
     loaded = load_model(f"hf:{saved / 'clap'}")
-    assert (loaded.dims["frames"].min, loaded.dims["frames"].max) == (16, 256)
+    assert (loaded.dims["frames"].min, loaded.dims["frames"].max) == (16, 255)
 
 
 @pytest.mark.slow

@@ -70,7 +70,8 @@ def media_spec(config, name: str) -> tuple[InputSpec, dict[str, Dim]] | None:
     if name == "input_features":  # CLAP: log-mel [batch, 1 (4 fused), frames, mel bins], frames up to the window
         mels = _int(audio, "num_mel_bins") or 64
         spec = _int(audio, "spec_size") or 256
-        most = spec * max(spec // mels, 1)  # the tower stretches frames to spec_size x (spec_size // mels)
+        window = spec * max(spec // mels, 1)  # the tower stretches frames to spec_size x (spec_size // mels)
+        most = window - 1  # at the window itself it skips the stretch: a shape test the ONNX graph cannot keep
         dims = {"frames": Dim("frames", 16, most, min(most, 64 + 1))}
         return InputSpec(name, "float32", ("batch", 4 if fused else 1, "frames", mels)), dims
     return None
