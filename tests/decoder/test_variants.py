@@ -43,8 +43,10 @@ def _check_quantized(made: decoder.DecoderVariants, export_matmuls: int) -> None
                      if n.op_type == "MatMulNBits" for a in n.attribute}
         assert bits_attr["bits"] == bits and bits_attr["block_size"] == variants.BLOCK_SIZE
         assert 0.9 < v.cosine < 1.0 and 0.0 <= v.top1 <= 1.0 and v.strict is False
-        assert v.passed == (v.cosine >= made.cosine_min and v.top1 >= made.top1_min)
-        assert v.passed or "cosine" in v.error or "top-1" in v.error
+        raw = v.cosine >= made.cosine_min and v.top1 >= made.top1_min
+        assert v.passed == (raw and all(m.passed for m in v.metrics))  # the centred logits gate too (issue 51)
+        assert {"logit cosine", "teacher-forced top-1"} <= {m.name for m in v.metrics}
+        assert v.passed or "cosine" in v.error or "top-1" in v.error or "tolerance" in v.error
         assert v.size_bytes < made.get("export").size_bytes and v.decode_tok_s > 0
     assert ("com.microsoft:GatherBlockQuantized" in dict(made.get("int4").fused_ops)) is True
     assert made.get("int4").size_bytes < made.get("int8").size_bytes

@@ -51,8 +51,11 @@ def test_variants_are_judged_on_the_samples(cnn, tmp_path):
     base, int8 = res.variants
     assert base.samples.passed and base.samples.count == 12 and not base.samples.metric_decides
     assert int8.details["calibration"]["method"] in quantize.CALIBRATION_METHODS
-    assert int8.samples.metric_decides and {m.name for m in int8.samples.metrics} == {
-        "cosine", "top1_agreement"}
+    names = {m.name for m in int8.samples.metrics}
+    assert int8.samples.metric_decides and {"cosine", "top1_agreement"} <= names  # the raw figures stay
+    agreement = int8.samples.agreement
+    assert "cannot_tell" in agreement and "cosine_min_centred" in agreement  # and the centred ones beside them
+    assert ("cosine (centred)" in names) == (agreement["cosine_min_centred"] is not None)
     sample_ok = all(m.passed for m in int8.samples.metrics)
     assert int8.passed == sample_ok  # the generated inputs' metric is reported, the samples' decides
     assert int8.to_dict()["samples"] == int8.samples.to_dict()

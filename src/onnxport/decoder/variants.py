@@ -382,10 +382,12 @@ register(DECODER, "int4", functools.partial(_nbits, 4))
 
 def policy(name: str, tolerance: Tolerance) -> Policy:
     """The decoder kind's policy for variant ``name``: fp32 variants within ``tolerance`` on every step case,
-    the others by the lowest logit cosine and teacher-forced top-1 at the gates."""
+    the others by the lowest logit cosine and teacher-forced top-1 at the gates, raw and on the step logits centred
+    by PyTorch's mean over the positions (falling back to elementwise at the logits' scale where that cannot
+    tell: :mod:`onnxport.prove.varying`)."""
     fp32 = name in FP32_VARIANTS
     return Policy(tolerance, elementwise=fp32, metric=not fp32, cosine_min=COSINE_MIN, top1_min=TOP1_MIN,
-                  cosine_name="logit cosine", top1_name="teacher-forced top-1", top1=True)
+                  cosine_name="logit cosine", top1_name="teacher-forced top-1", top1=True, fallback=not fp32)
 
 
 def judge(name: str, path: Path, layout: CacheLayout, refs: References, tolerance: Tolerance,

@@ -22,6 +22,7 @@ elementwise policies still hold on them. The generated cases' metric stays in th
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +38,11 @@ from onnxport.prove import localize
 from onnxport.prove import samples as proving_samples
 from onnxport.prove.compare import mean_pool, task_kind
 from onnxport.prove.judging import (
+    WITHIN,
     Accuracy,
     Policy,
     RunResults,
+    cannot_tell,
     compare_accuracy,
     metrics_of,
     run_cases,
@@ -48,6 +51,7 @@ from onnxport.prove.judging import (
 from onnxport.prove.parity import compare
 from onnxport.prove.references import Refs, fingerprint
 from onnxport.prove.samples import SampleRefs
+from onnxport.prove.varying import Varying
 from onnxport.runtime.feeds import FeedMap
 from onnxport.runtime.sessions import session
 from onnxport.sources.base import LoadedModel
@@ -88,16 +92,30 @@ def task_runs(loaded: LoadedModel, refs: Refs, sess) -> tuple[RunResults, RunRes
     return run_cases(run, picked, [c[0] for c in picked]), want, kind
 
 
-def task_metrics(loaded: LoadedModel, refs: Refs, sess, cosine_min: float = COSINE_MIN,
-                 top1_min: float = TOP1_MIN) -> tuple[Metric, ...]:
-    """Cosine (worst row over the matrix) and, for classifiers, top-1 agreement of ``sess`` against PyTorch:
-    :func:`task_runs`, then :func:`~onnxport.prove.judging.compare_accuracy` (a case that fails to run or
-    changes shape leaves the metrics without a value: failed)."""
+def task_found(loaded: LoadedModel, refs: Refs, sess, tolerance: Tolerance = FP32) -> tuple[Accuracy, str | None]:
+    """(what comparing ``sess`` with PyTorch on the task's arrays found, the task kind): :func:`task_runs`, then
+    :func:`~onnxport.prove.judging.compare_accuracy` (raw and centred by PyTorch's mean over the inputs, the
+    latter at ``tolerance``; a case that fails to run or changes shape leaves the metrics without a value)."""
     got, want, kind = task_runs(loaded, refs, sess)
-    classifier = kind == "classifier"
-    found = compare_accuracy(got, want, None, rows=True, top1=classifier)
+    return compare_accuracy(got, want, None, rows=True, top1=kind == "classifier"), kind
+
+
+def task_policy(kind: str | None, cosine_min: float = COSINE_MIN, top1_min: float = TOP1_MIN,
+                fallback: bool = False) -> Policy:
+    """The task metric's gates and names for a task ``kind``."""
     name = "cosine (mean-pooled embedding)" if kind == "sentence-embedding" else "cosine"
-    return metrics_of(found, Policy(FP32, False, True, cosine_min, top1_min, cosine_name=name, top1=classifier))
+    return Policy(FP32, False, True, cosine_min, top1_min, cosine_name=name, top1=kind == "classifier",
+                  fallback=fallback)
+
+
+def task_metrics(loaded: LoadedModel, refs: Refs, sess, cosine_min: float = COSINE_MIN,
+                 top1_min: float = TOP1_MIN, *, tolerance: Tolerance = FP32, fallback: bool = False
+                 ) -> tuple[Metric, ...]:
+    """Cosine (worst row over the matrix) and, for classifiers, top-1 agreement of ``sess`` against PyTorch, raw
+    and on the rows centred by PyTorch's mean over the inputs where that can tell (:func:`task_found`); with
+    ``fallback``, the share within ``tolerance`` at the output's scale where a centred metric cannot tell."""
+    found, kind = task_found(loaded, refs, sess, tolerance)
+    return metrics_of(found, task_policy(kind, cosine_min, top1_min, fallback))
 
 
 def metric_margin(metrics: Sequence[Metric]) -> float:
@@ -120,14 +138,25 @@ def tolerance_policy(name: str, tolerance: Tolerance) -> tuple[Tolerance, bool, 
 
 
 def sample_metrics(agreement: dict, cosine_min: float = COSINE_MIN, top1_min: float = TOP1_MIN) -> tuple[Metric, ...]:
-    """The task metrics of :func:`task_metrics`, from the samples' agreement (``prove.samples.agreement``)."""
+    """The task metrics of :func:`task_metrics`, from the samples' agreement (``prove.samples.agreement``): raw,
+    centred by PyTorch's mean over the samples where that can tell, else the share within the tolerance at the
+    output's scale."""
     out = []
+    name = "cosine (mean-pooled embedding)" if agreement.get("task") == "sentence-embedding" else "cosine"
     if agreement.get("cosine_min") is not None:
-        name = "cosine (mean-pooled embedding)" if agreement.get("task") == "sentence-embedding" else "cosine"
         out.append(Metric(name, agreement["cosine_min"], cosine_min, bool(agreement["cosine_min"] >= cosine_min)))
     if agreement.get("top1_agreement") is not None:
         out.append(Metric("top1_agreement", agreement["top1_agreement"], top1_min,
                           bool(agreement["top1_agreement"] >= top1_min)))
+    centred = agreement.get("cosine_min_centred")
+    if centred is not None:
+        out.append(Metric(f"{name} (centred)", centred, cosine_min, bool(centred >= cosine_min)))
+    top1 = agreement.get("top1_agreement_centred")
+    if top1 is not None:
+        out.append(Metric("top1_agreement (centred)", top1, top1_min, bool(top1 >= top1_min)))
+    untold = centred is None or (agreement.get("task") == "classifier" and top1 is None)
+    if "cannot_tell" in agreement and untold and agreement.get("within_own_scale") is not None:
+        out.append(Metric(WITHIN, agreement["within_own_scale"], 1.0, bool(agreement["within_own_scale"] >= 1.0)))
     return tuple(out)
 
 
@@ -190,16 +219,26 @@ def prove(loaded: LoadedModel, name: str, path: Path, refs: Refs, tolerance: Tol
     except UsageError as e:
         return Proof(passed=False, reason=e.message, tolerance=tol)
     result: ParityResult = compare(loaded, path, cases=list(refs.cases), tolerance=tol, sess=sess, refs=refs)
-    metrics = task_metrics(loaded, refs, sess)
-    judged = verdict(Accuracy.of_parity(result), Policy(tol, by_elements, by_metric and samples is None, COSINE_MIN,
-                                                         TOP1_MIN), metrics=metrics)
+    found, kind = task_found(loaded, refs, sess, tolerance)
+    metrics = metrics_of(found, task_policy(kind, fallback=by_metric))
+    judged = verdict(replace(Accuracy.of_parity(result), varying=found.varying),
+                     Policy(tol, by_elements, by_metric and samples is None, COSINE_MIN, TOP1_MIN,
+                            fallback=by_metric), metrics=metrics)
     reasons = list(judged.reasons)
     on_samples, more = judge_samples(loaded, name, sess, samples, tolerance) if samples else (None, [])
     err = result.max_abs_err
-    found, why = _localize(loaded, path, refs, result, tol) if reasons else (None, None)
+    found_at, why = _localize(loaded, path, refs, result, tol) if reasons else (None, None)
     return Proof(passed=not reasons and not more, reason="; ".join(reasons + more) or None, tolerance=tol,
                  max_abs_err=float(err) if np.isfinite(err) else None, metrics=metrics, metric=judged.headline,
-                 divergence=found, divergence_error=why, samples=on_samples)
+                 divergence=found_at, divergence_error=why, samples=on_samples,
+                 varying=varying_record(found.varying))
+
+
+def varying_record(v: Varying | None) -> dict | None:
+    """report.json ``variants[].varying``: the centred figures and what cannot tell (:mod:`onnxport.prove.varying`)."""
+    if v is None:
+        return None
+    return {**v.to_dict(), "cannot_tell": cannot_tell(v)}
 
 
 def _localize(loaded: LoadedModel, path: Path, refs: Refs, result: ParityResult,

@@ -78,6 +78,7 @@ class Proof:
     divergence: Divergence | None = None
     divergence_error: str | None = None  # why localizing the divergence failed
     samples: SampleJudgement | None = None  # the same policy on the user's --samples
+    varying: dict | None = None  # the task metric on what varies between the inputs (policy.varying_record)
 
     def variant_fields(self) -> dict[str, Any]:
         """The Variant keyword arguments (shallow: the records stay as they are)."""
@@ -123,6 +124,7 @@ class Variant(VariantRecord):
     samples: SampleJudgement | None = None  # judged on the user's --samples too (metrics, failing samples)
     session_options: SessionOptions | None = None  # how the file must be run (optimize/gpu.py, optimize/openvino.py)
     divergence_error: str | None = None  # localizing the divergence failed (report ``divergence.error``)
+    varying: dict | None = None  # centred figures and what cannot tell (report ``varying``; prove.varying)
 
     @classmethod
     def skip(cls, name: str, why: str, reason: SkipReason, build_seconds: float = 0.0) -> Variant:
@@ -152,7 +154,8 @@ class Variant(VariantRecord):
                 "divergence": self._divergence(), "details": self.details,
                 **({"batch_invariant": self.batch_invariant.to_dict()} if self.batch_invariant is not None else {}),
                 **({"samples": self.samples.to_dict()} if self.samples is not None else {}),
-                **({"session_options": self.session_options.to_dict()} if self.session_options is not None else {})}
+                **({"session_options": self.session_options.to_dict()} if self.session_options is not None else {}),
+                **({"varying": self.varying} if self.varying is not None else {})}
 
 
 @dataclass(frozen=True)

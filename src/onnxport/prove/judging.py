@@ -23,6 +23,7 @@ import numpy as np
 
 from onnxport.core.records import FP16, FP32, TF32, Failure, Metric, ParityResult, Tolerance
 from onnxport.prove.compare import row_cosines
+from onnxport.prove.varying import COSINE, RAW_TOP1, TOP1, Varying, centred
 
 __all__ = ["Accuracy", "Policy", "RunResults", "Tokens", "Verdict", "compare_accuracy", "cosine", "run_cases",
            "token_agreement", "verdict"]
@@ -97,6 +98,7 @@ class Accuracy:
     top1: float | None = None
     max_rel_err: float = 0.0  # the largest |got - want| / |want| (|want| at least 1e-12) of the cases compared
     untold: str | None = None  # every case within, yet the comparison proves nothing (why: outputs that cannot tell)
+    varying: Varying | None = None  # the metrics on what varies between the inputs (prove.varying), None: not computed
 
     @property
     def within(self) -> bool:
@@ -120,12 +122,16 @@ def compare_accuracy(got: RunResults, want: RunResults, tolerance: Tolerance | N
     """``got`` against ``want`` case by case: every output within ``tolerance`` (None: not judged elementwise),
     the lowest cosine of output ``cosine_of`` (per case flattened, or per row with ``rows``; None: none) and,
     with ``top1``, the share of rows whose last-axis argmax is PyTorch's. A case either side lacks, or whose
-    shapes differ, is outside (and spoils the metrics: they become None)."""
+    shapes differ, is outside (and spoils the metrics: they become None). ``varying``: the same metrics on the
+    rows centred by PyTorch's mean over the inputs (per batch row with ``rows``, else per position of the last
+    axis, ranked when ``top1`` or not ``rows``), each saying whether it can tell (:mod:`onnxport.prove.varying`),
+    at ``tolerance`` (None: fp32)."""
     outside: list[tuple[str, str]] = []
     failed: list[tuple[str, str]] = []
     worst = rel = 0.0
     cosines: list[float] = []
     hits: list[np.ndarray] = []
+    pairs: list[tuple[np.ndarray, np.ndarray]] = []
     spoilt = False
     for i, label in enumerate(want.labels):
         ref = want.outputs[i]
@@ -159,12 +165,17 @@ def compare_accuracy(got: RunResults, want: RunResults, tolerance: Tolerance | N
         if cosine_of is not None:
             g, w = out[cosine_of], ref[cosine_of]
             cosines.append(float(row_cosines(w, g).min()) if rows else cosine(g, w))
+            pairs.append((np.asarray(w), np.asarray(g)))
         if top1:
             g, w = out[cosine_of or 0], ref[cosine_of or 0]
             hits.append(np.asarray(w).argmax(-1) == np.asarray(g).argmax(-1))
     lowest = None if spoilt or not cosines else min(cosines)
     share = None if spoilt or not hits else float(np.concatenate([np.ravel(h) for h in hits]).mean())
-    return Accuracy(len(want.labels), tuple(outside), tuple(failed), worst, lowest, share, rel)
+    varying = None
+    if pairs and not spoilt and all(np.issubdtype(w.dtype, np.floating) for w, _ in pairs):
+        varying = centred([w for w, _ in pairs], [g for _, g in pairs], tolerance or FP32, flat=rows,
+                          top=top1 or not rows)
+    return Accuracy(len(want.labels), tuple(outside), tuple(failed), worst, lowest, share, rel, varying=varying)
 
 
 @dataclass(frozen=True)
@@ -206,6 +217,7 @@ class Policy:
     cosine_name: str = "cosine"
     top1_name: str = "top1_agreement"
     top1: bool = False  # the family compares top-1 (classifiers, decoders): a missing value then fails
+    fallback: bool = False  # a centred metric that cannot tell falls back to elementwise at the output's scale
 
     def tolerance_name(self) -> str:
         """The tolerance in words: "fp32", "fp16", "tf32" or "the given"."""
@@ -231,14 +243,43 @@ class Verdict:
         return next((m for m in self.metrics if not m.passed), self.metrics[0] if self.metrics else None)
 
 
+WITHIN = "share within the tolerance at the output's scale"  # the fallback of a centred metric that cannot tell
+
+
 def metrics_of(found: Accuracy, policy: Policy) -> tuple[Metric, ...]:
-    """The task metrics ``found`` shows against the policy's gates (a value None fails)."""
+    """The task metrics ``found`` shows against the policy's gates (a value None fails): the raw ones, then those
+    of the rows centred by PyTorch's mean over the inputs where they can tell (``NAME (centred)``) and, with
+    ``policy.fallback``, the share of elements within the tolerance at the output's own scale where one cannot."""
     out = [Metric(policy.cosine_name, found.cosine, policy.cosine_min,
                   found.cosine is not None and found.cosine >= policy.cosine_min)]
     if policy.top1 or found.top1 is not None:
         out.append(Metric(policy.top1_name, found.top1, policy.top1_min,
                           found.top1 is not None and found.top1 >= policy.top1_min))
+    return tuple(out) + centred_metrics(found.varying, policy)
+
+
+def centred_metrics(v: Varying | None, policy: Policy) -> tuple[Metric, ...]:
+    """The centred cosine and top-1 of ``v`` that can tell, at the policy's gates; with ``policy.fallback``, the
+    share within the tolerance at the output's scale (gate: every element) when one of them cannot."""
+    if v is None:
+        return ()
+    out = []
+    if v.cosine is not None:
+        out.append(Metric(f"{policy.cosine_name} (centred)", v.cosine, policy.cosine_min, v.cosine >= policy.cosine_min))
+    if v.top1 is not None and (policy.top1 or v.k):
+        out.append(Metric(f"{policy.top1_name} (centred)", v.top1, policy.top1_min, v.top1 >= policy.top1_min))
+    untold = COSINE in v.cannot_tell or (TOP1 in v.cannot_tell and policy.top1)
+    if policy.fallback and untold and v.within is not None:
+        out.append(Metric(WITHIN, v.within, 1.0, v.within >= 1.0))
     return tuple(out)
+
+
+def cannot_tell(v: Varying | None) -> dict[str, str]:
+    """What cannot tell in ``v``, by the report's metric words (raw top-1 included: it stays in the report)."""
+    if v is None:
+        return {}
+    words = {COSINE: "cosine (centred)", TOP1: "top-1 (centred)", RAW_TOP1: "top-1 (raw)"}
+    return {words[k]: why for k, why in v.cannot_tell.items() if k in words}
 
 
 def verdict(found: Accuracy, policy: Policy, tokens: Tokens | None = None,
@@ -257,7 +298,12 @@ def verdict(found: Accuracy, policy: Policy, tokens: Tokens | None = None,
         reasons.append(f"the comparison cannot tell a right file from a wrong one ({found.untold})")
     if policy.metric:
         reasons += [f"{m.name} {'n/a' if m.value is None else f'{m.value:.4f}'} below {m.threshold}"
+                    + (" (a centred metric cannot tell: " + "; ".join(f"{k}: {w}" for k, w in cannot_tell(
+                        found.varying).items()) + ")" if m.name == WITHIN else "")
                     for m in metrics if not m.passed]
+        if policy.fallback and found.varying is not None and found.varying.nothing_tells:
+            reasons.append("judged by nothing that can tell: " + "; ".join(
+                f"{k}: {w}" for k, w in cannot_tell(found.varying).items()))
     if not policy.elementwise and found.failed:
         reasons.append(found.failed[0][1])
     if policy.tokens and tokens is not None and not tokens.equal:

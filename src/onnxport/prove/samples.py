@@ -21,6 +21,7 @@ from onnxport.core.samples import Case
 from onnxport.prove.compare import cosine_agreement, judge, mean_pool, row_cosines, task_kind, topk_agreement
 from onnxport.prove.parity import short_ort_error
 from onnxport.prove.references import Refs, fingerprint, run_each
+from onnxport.prove.varying import centred
 from onnxport.runtime.feeds import FeedMap
 from onnxport.runtime.sessions import session
 from onnxport.sources.base import LoadedModel
@@ -240,7 +241,10 @@ def _compared_rows(loaded: LoadedModel, kind: str, b: SampleBatch, g: list[np.nd
 def agreement(loaded: LoadedModel, refs: SampleRefs, got: list, tol: Tolerance) -> dict:
     """The task metrics over every sample that ran: ``cosine_min``/``cosine_mean`` (of the mean-pooled embedding for
     encoders with an attention mask, else of the first output's rows) and, for classifiers (2-D logits),
-    ``top1_agreement`` and ``topk_agreement`` (k up to 5; ties within the tolerance are no disagreement)."""
+    ``top1_agreement`` and ``topk_agreement`` (k up to 5; ties within the tolerance are no disagreement); the same
+    on the rows centred by PyTorch's mean over the samples (``cosine_min_centred``, ``top1_agreement_centred``,
+    ``topk_agreement_centred``: None where they cannot tell, ``cannot_tell`` says why), and ``within_own_scale``:
+    the share of elements within the tolerance at the output's own scale (:mod:`onnxport.prove.varying`)."""
     kind = next((task_kind(loaded, b.outputs) for b in refs.batches if b.outputs is not None), None)
     if kind is None or not refs.samples.batched:
         return {"task": kind} if kind else {}
@@ -260,6 +264,10 @@ def agreement(loaded: LoadedModel, refs: SampleRefs, got: list, tol: Tolerance) 
         out.update(top1_agreement=top["top1_agree"], topk_agreement=top["topk_agree"], k=top["k"])
     else:
         out["cosine_passed"] = cosine_agreement(r, g, tol)["passed"]
+    v = centred([r], [g], tol, top=kind == "classifier")
+    out.update(cosine_min_centred=v.cosine, within_own_scale=v.within, cannot_tell=dict(v.cannot_tell))
+    if kind == "classifier":
+        out.update(top1_agreement_centred=v.top1, topk_agreement_centred=v.topk)
     return out
 
 
