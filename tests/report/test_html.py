@@ -327,3 +327,12 @@ def html_text(fragment: str) -> str:
     import html
 
     return html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", fragment))).strip()
+
+
+def test_a_variant_shows_its_centred_metric_and_what_cannot_tell():
+    from onnxport.report.html import _variant_centred
+
+    assert _variant_centred({"name": "int8"}) is None
+    note = _variant_centred({"varying": {"cosine_centred": 0.8375, "top1_centred": None,
+                                         "cannot_tell": {"top-1 (raw)": "PyTorch predicts one class for all 26 rows"}}})
+    assert note.startswith("centred: cosine 0.8375") and "top-1 (raw) cannot tell (PyTorch predicts one class" in note

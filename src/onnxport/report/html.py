@@ -252,10 +252,23 @@ def _variant_samples(x: dict) -> str | None:
     return " · ".join(parts) or ("pass" if s.get("passed") else "fail")
 
 
+def _variant_centred(x: dict) -> str | None:
+    """One variant's task metric on what varies between the inputs (``varying``), and what cannot tell, in words."""
+    v = x.get("varying")
+    if not v:
+        return None
+    parts = [f"{label} {_fmt_num(v[key], 4)}" for key, label in (("cosine_centred", "cosine"), ("top1_centred", "top-1"))
+             if v.get(key) is not None]
+    told = f"centred: {', '.join(parts)}" if parts else ""
+    untold = "; ".join(f"{k} cannot tell ({why})" for k, why in (v.get("cannot_tell") or {}).items())
+    return " · ".join(p for p in (told, untold) if p) or None
+
+
 def _variants_view(entries: list[dict]) -> list[dict]:
-    """``variants[]`` with every key the table reads, and the result on the samples in words."""
+    """``variants[]`` with every key the table reads, the result on the samples and the centred metric in words."""
     return [dict({"name": "?", "path": None, "nodes": None, "bytes": None, "passed": False, "max_abs_err": None,
-                  "metric": None, "latency_ms": None, "skipped": None, "skip_reason": None}, **x, on_samples=_variant_samples(x)) for x in entries]
+                  "metric": None, "latency_ms": None, "skipped": None, "skip_reason": None}, **x,
+                 on_samples=_variant_samples(x), centred=_variant_centred(x)) for x in entries]
 
 
 def baseline_backend(backends: list[str]) -> str | None:
