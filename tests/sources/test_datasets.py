@@ -147,3 +147,11 @@ def test_an_mlp_reads_a_npy(tmp_path):
     np.save(f, np.zeros((4, 8)))
     s = read_samples(Path(f), mlp)
     assert s.count == 4 and s.rows[0][0].dtype == np.float32
+
+
+def test_a_npz_with_very_many_arrays_is_named_in_a_short_line(two, tmp_path):
+    f = tmp_path / "many.npz"
+    np.savez(f, **{f"a{i}": np.zeros(1, np.float32) for i in range(20_001)})
+    with pytest.raises(UsageError) as e:
+        read_samples(f, two)
+    assert "(20,001 in all)" in e.value.message and len(str(e.value)) < 600

@@ -142,8 +142,12 @@ def _quietly(label: str, call, out: Path, as_json: bool) -> None:
 
 def _options(output: Output, **families):
     """The run's one options record, checked before any work (a bad value is exit 2 at once)."""
+    from onnxport.core.onnxfile import external_threshold
     from onnxport.core.options import Options
+    from onnxport.runtime.environment import forced_cpu_flags
 
+    forced_cpu_flags()  # the environment variables onnxport reads, named where they are wrong
+    external_threshold()
     return Options(**families, force=output.force, command=_command_line(), log_name=LOG_NAME).checked()
 
 
@@ -327,9 +331,15 @@ def triton(out: Annotated[Path, typer.Argument(help="an output folder (or a .onn
         raise UsageError(f"--instances must be at least 1, got {instances}", "pass the number of model instances")
     if name is not None:
         check_model_name(name)
-    check_repository_folder(repo)
-    written = triton_repositories(out, repo, name=name, max_batch=max_batch, max_delay_ms=max_delay_ms,
-                                  instance_count=instances, gpu=gpu, force=force)
+    check_repository_folder(repo, out)
+    try:
+        written = triton_repositories(out, repo, name=name, max_batch=max_batch, max_delay_ms=max_delay_ms,
+                                      instance_count=instances, gpu=gpu, force=force)
+    except OSError as e:
+        if disk_full(e):
+            raise
+        raise UsageError(f"cannot write the repository in {repo}: {one_line(e)}",
+                         "pass a folder you can write to") from None
     if json_out:  # one entry: its object, as always; a model made of several: one object per entry
         dicts = [res.to_dict() for res in written]
         print(json.dumps(dicts[0] if len(dicts) == 1 else dicts, indent=2, default=str))
@@ -438,6 +448,7 @@ def main() -> None:
     except signals.Stopped as e:
         err.print(e.word)
         code = e.exit_code
+    signals.settle()  # from here a signal changes nothing: the run's status is the exit status
     _exit(code or 0)
 
 

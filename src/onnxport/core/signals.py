@@ -54,3 +54,13 @@ def check() -> None:
 def reset() -> None:
     global _pending
     _pending = None
+
+
+def settle() -> None:
+    """The work is done and its result printed (OUT committed): SIGINT and SIGTERM are ignored from here on,
+    so that the exit status stays the run's; a signal while the interpreter shuts down would otherwise end the
+    process with a raw signal status after its summary (main thread only; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)

@@ -10,6 +10,8 @@ import platform
 from collections.abc import Sequence
 from pathlib import Path
 
+from onnxport.core.errors import UsageError
+
 PACKAGES = ("torch", "torchvision", "onnx", "onnxruntime", "onnxscript", "onnx-ir", "transformers", "timm",
             "onnxslim", "numpy")
 _CPU_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile",
@@ -79,12 +81,26 @@ def cpu() -> dict:
             elif (line.startswith("flags") or line.startswith("Features")) and ":" in line:
                 flags = set(line.split(":", 1)[1].split())
     detected = [f for f in _CPU_FLAGS if f in flags]
-    forced = os.environ.get(CPU_FLAGS_ENV)
-    if forced is None:
+    given = forced_cpu_flags()
+    if given is None:
         return {"model": model, "cores": os.cpu_count(), "flags": detected}
-    given = [f.strip().lower() for f in forced.replace(" ", ",").split(",") if f.strip()]
     return {"model": model, "cores": os.cpu_count(), "flags": given, "flags_detected": detected,
             "flags_from": CPU_FLAGS_ENV}
+
+
+def forced_cpu_flags() -> list[str] | None:
+    """The features $ONNXPORT_CPU_FLAGS plans by (None: unset); a UsageError naming the variable where it is
+    empty or names something that is no feature onnxport plans by."""
+    forced = os.environ.get(CPU_FLAGS_ENV)
+    if forced is None:
+        return None
+    given = [f.strip().lower() for f in forced.replace(" ", ",").split(",") if f.strip()]
+    unknown = [f for f in given if f not in _CPU_FLAGS]
+    if not given or unknown:
+        said = "names no CPU feature" if not given else f"names {unknown[0][:30]!r}, no CPU feature onnxport plans by"
+        raise UsageError(f"{CPU_FLAGS_ENV}={forced[:60]!r} {said}",
+                         f"list features from {', '.join(_CPU_FLAGS)} (comma-separated), or unset it")
+    return given
 
 
 def summary() -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,6 +123,9 @@ class ModelSource:
         return kw
 
 
+MAX_NAME = 200  # a model folder's name, with room for the staging folder's beside it (255 at most)
+
+
 def _model_name(raw: str) -> str:
     name = re.sub(r"[^A-Za-z0-9_.\-]+", "_", raw).strip("_.") or "model"
     return name
@@ -130,19 +134,34 @@ def _model_name(raw: str) -> str:
 def check_model_name(name: str) -> str:
     """``name`` when it can name a served model and a repository folder as given (letters, digits, '_', '-',
     '.', not starting or ending with '_' or '.': no path, no '..'); UsageError naming --name otherwise."""
+    if len(name) > MAX_NAME:
+        raise UsageError(f"--name is {len(name)} characters long; a model name takes at most {MAX_NAME}",
+                         "choose a shorter --name")
     if _model_name(name) != name:
         raise UsageError(f"--name {name!r} is not a valid model name",
                          "use letters, digits, '_', '-' and '.' (not first or last)")
     return name
 
 
-def check_repository_folder(repo: Path) -> Path:
+def check_repository_folder(repo: Path, out: Path | None = None) -> Path:
     """``repo`` when a model repository can be written there: UsageError when it, or the nearest part of its
-    path that exists, is not a folder."""
+    path that exists, is not a folder, is a link to nothing or cannot be written; or when it lies inside the
+    output folder ``out`` it is written from."""
+    dangling = next((p for p in (repo, *repo.parents) if os.path.lexists(p) and not p.exists()), None)
+    if dangling is not None:
+        where = "is" if dangling == repo else f"is inside {dangling}, which is"
+        raise UsageError(f"--repo {repo} {where} a link to nothing ({os.readlink(dangling)})",
+                         "remove the link, or pass another folder for the repository")
     existing = next((p for p in (repo, *repo.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
         where = "is" if existing == repo else f"is inside {existing}, which is"
         raise UsageError(f"--repo {repo} {where} a file, not a folder", "pass a folder (new or existing) for the repository")
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        where = "" if existing == repo else f" (the nearest existing folder, {existing})"
+        raise UsageError(f"--repo {repo}{where} cannot be written", "pass a folder you can write to")
+    if out is not None and out.is_dir() and repo.resolve().is_relative_to(out.resolve()):
+        raise UsageError(f"--repo {repo} is inside the output folder {out} it is written from",
+                         "pass a folder outside it")
     return repo
 
 

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from onnxport.runtime.variant_sessions import SessionOptions
 from onnxport.serve.models import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_DELAY_MS,
+    MAX_NAME,
     component_folders,
     read_report,
     served_file,
@@ -99,6 +101,11 @@ def _read_out(path: Path) -> tuple[Path, str, OrtOptions | None, dict[str, int],
     report = read_report(path) or {}
     onnx_path = served_file(path, report)
     if onnx_path is None:
+        for family in families.families():  # a family's files, some there: the missing ones named
+            missing = [f for f in family.files if not (path / f).is_file()]
+            if family.files and len(missing) < len(family.files):
+                raise UsageError(f"{path} lacks {', '.join(missing)} of the files served together "
+                                 f"({', '.join(family.files)})", "run 'onnxport export' again into this folder")
         raise UsageError(f"{path} holds no model.onnx", "run 'onnxport export' or 'onnxport convert' first")
     name, sizes = path.resolve().name, {}
     tuned: OrtOptions | None = None
@@ -122,11 +129,17 @@ def triton_repositories(out_or_onnx: str | Path, repo_dir: str | Path, *, name: 
     (report.json's ``components``: a diffusion pipeline) writes one entry per component, named after it
     (``name``: their prefix, ``{name}_{component}``); any other source, its one entry."""
     path = Path(out_or_onnx)
-    parts = component_folders(path) if path.is_dir() else []
-    if not parts:
-        return [triton_repository(path, repo_dir, name=name, **options)]
-    return [triton_repository(folder, repo_dir, name=f"{name}_{folder.name}" if name else folder.name, **options)
-            for folder in parts]
+    made = next((p for p in reversed((Path(repo_dir), *Path(repo_dir).parents)) if not os.path.lexists(p)), None)
+    try:
+        parts = component_folders(path) if path.is_dir() else []
+        if not parts:
+            return [triton_repository(path, repo_dir, name=name, **options)]
+        return [triton_repository(folder, repo_dir, name=f"{name}_{folder.name}" if name else folder.name,
+                                  **options) for folder in parts]
+    except BaseException:
+        if made is not None:  # the folders this call made, gone with what it wrote
+            shutil.rmtree(made, ignore_errors=True)
+        raise
 
 
 def triton_repository(out_or_onnx: str | Path, repo_dir: str | Path, *, name: str | None = None,
@@ -141,6 +154,9 @@ def triton_repository(out_or_onnx: str | Path, repo_dir: str | Path, *, name: st
     """
     onnx_path, default_name, tuned, sizes, variant = _read_out(Path(out_or_onnx))
     name = re.sub(r"[^A-Za-z0-9_.\-]+", "_", name or default_name).strip("_.") or "model"
+    if len(name) > MAX_NAME:
+        raise UsageError(f"the model name {name[:40]}… is {len(name)} characters long; a model name takes at "
+                         f"most {MAX_NAME}", "pass a shorter --name")
     if max_batch < 0 or instance_count < 1 or max_delay_ms < 0:
         raise UsageError(f"max_batch={max_batch}, instances={instance_count}, max_delay_ms={max_delay_ms}",
                          "use max_batch >= 0 (0 = no batching), instances >= 1 and a delay >= 0")

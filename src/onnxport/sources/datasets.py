@@ -189,6 +189,12 @@ def _check_values(file: Path, where: str, spec: InputSpec, arr: np.ndarray, size
 # --------------------------------------------------------------------------- arrays
 
 
+def _listed(names: list[str], most: int = 8) -> str:
+    """``names`` joined by commas, the first ``most`` only (each cut to 40 characters), then how many in all."""
+    shown = ", ".join(n if len(n) <= 40 else n[:39] + "…" for n in names[:most])
+    return shown if len(names) <= most else f"{shown}, … ({len(names):,} in all)"
+
+
 def _read_arrays(path: Path, loaded: LoadedModel, batched: bool) -> list[tuple[np.ndarray, ...]]:
     names = [s.name for s in loaded.inputs]
     try:
@@ -197,7 +203,10 @@ def _read_arrays(path: Path, loaded: LoadedModel, batched: bool) -> list[tuple[n
             arrays = {"": data}
         else:
             with data:
-                arrays = {k: data[k] for k in data.files}
+                if len(data.files) > len(names):  # names only: the arrays of a file that cannot fit stay unread
+                    arrays = dict.fromkeys(data.files)
+                else:
+                    arrays = {k: data[k] for k in data.files}
     except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
         raise BadSamples(path, f"cannot be read as {path.suffix} ({one_line(e, 200, typed=True)})",
                          "write it with numpy.savez(path, NAME=array, ...) or numpy.save") from None
@@ -209,10 +218,10 @@ def _read_arrays(path: Path, loaded: LoadedModel, batched: bool) -> list[tuple[n
     missing = [n for n in names if n not in arrays]
     extra = [k for k in arrays if k not in names]
     if missing or extra:
-        lacking = f" (missing: {', '.join(missing)})" if missing else ""
-        raise BadSamples(path, f"holds arrays {', '.join(arrays) or 'none'}; the model's inputs are "
-                               f"{', '.join(names)}{lacking}", "name the arrays after the inputs: numpy.savez(path, "
-                               + ", ".join(f"{n}=..." for n in names) + ")")
+        lacking = f" (missing: {_listed(missing)})" if missing else ""
+        raise BadSamples(path, f"holds arrays {_listed(list(arrays)) or 'none'}; the model's inputs are "
+                               f"{_listed(names)}{lacking}", "name the arrays after the inputs: numpy.savez(path, "
+                               + _listed([f"{n}=..." for n in names]) + ")")
     counts = {n: (arrays[n].shape[0] if arrays[n].ndim else None) for n in names}
     if len(set(counts.values())) != 1 or None in counts.values():
         shown = ", ".join(f"'{n}' {list(arrays[n].shape)}" for n in names)
