@@ -406,10 +406,15 @@ def _view(report: dict) -> dict:
         "diagnostics": diags, "n_errors": sum(d["severity"] == "error" for d in diags),
         "environment": env, "env_rows": env_rows, "packages": sorted((env.get("packages") or {}).items()),
         "timings": report.get("timings") or {}, "model_path": model_path, "charts": charts,
-        "open_rows": OPEN_ROWS,
-        "components": [c for c in report.get("components") or [] if isinstance(c, dict)],
-        "joint": report.get("joint_proof") if isinstance(report.get("joint_proof"), dict) else None,
+        "open_rows": OPEN_ROWS, **_parts_view(report),
     }
+
+
+def _parts_view(report: dict) -> dict:
+    """A model made of several: its models (report.json's ``components``) and their proof together."""
+    joint = report.get("joint_proof")
+    return {"components": [c for c in report.get("components") or [] if isinstance(c, dict)],
+            "joint": joint if isinstance(joint, dict) else None}
 
 
 # --------------------------------------------------------------------------- rendering
