@@ -129,6 +129,7 @@ def _quietly(label: str, call, out: Path, as_json: bool) -> None:
             err.file = log.terminal
             with err.status(label) as status:
                 rep = call(lambda msg: status.update(msg))
+            signals.settle()  # OUT is committed: a signal from here on leaves the run's status (and the log) as is
             if as_json:
                 print(json.dumps(rep, indent=2, default=str), file=log.stdout, flush=True)
             print_report(rep, out)
