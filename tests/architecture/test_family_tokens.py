@@ -22,7 +22,6 @@ NAMES = re.compile(r"decoder|seq2seq|past_key|encoder_model|generat|with_past", 
 MOST = {
     "bench/peak.py": 9, "core/samples.py": 5, "exporters/chain.py": 2, "optimize/nncf_int8.py": 4,
     "prove/detections.py": 2, "serve/app.py": 1, "core/greedy.py": 4, "sources/hf.py": 3,
-    "optimize/registry.py": 3,  # the encoder-decoder's variant kind, until its package's modules declare it
 }
 
 

@@ -111,7 +111,8 @@ def test_the_export_is_kept_unless_clearly_beaten():
 
 def test_one_reading_of_the_names_for_every_kind():
     """``chosen``: the names besides the export in the kind's order; None none, "all"/"auto" the defaults."""
-    from onnxport.optimize.registry import SEQ2SEQ, chosen
+    from onnxport.optimize.registry import chosen
+    from onnxport.seq2seq.kind import SEQ2SEQ
 
     assert chosen(None, SEQ2SEQ) == () and chosen("auto", SEQ2SEQ) == chosen("all", SEQ2SEQ) == ("fused", "int8")
     assert chosen(["int8", "export", "fused"], SEQ2SEQ) == ("fused", "int8")  # the kind's order, the baseline left out
@@ -121,7 +122,8 @@ def test_one_reading_of_the_names_for_every_kind():
 
 
 def test_auto_among_other_spellings_is_still_auto():
-    from onnxport.optimize.registry import SEQ2SEQ, chosen
+    from onnxport.optimize.registry import chosen
+    from onnxport.seq2seq.kind import SEQ2SEQ
 
     for names in ("export,auto", " auto", "auto,", ["export", "auto"]):
         assert chosen(names, SEQ2SEQ) == ("fused", "int8"), names

@@ -58,6 +58,9 @@ def test_t5_exports_three_files_proven_by_generation_through_the_cli(t5_dir, tmp
     gens = section["proof"]["generations"]
     assert [g["steps_agreeing"] for g in gens] == [32, 32] and gens[1]["batch"] == 3
     assert any(d["code"] == "generation-proven" for d in rep["diagnostics"])
+    # the one pipeline's stages made the report's records from the family's hooks (seq2seq/hooks.py)
+    assert {"export", "check", "parity"} <= set(rep["timings"]) and rep["export"]["path"] == seq2seq.FILES[2]
+    assert [c["sizes"]["past"] for c in rep["validation"]["cases"]] == [c["past"] for c in cases]
     assert _inputs(out / "encoder_model.onnx") == {"input_ids": ["batch", "source"],
                                                    "attention_mask": ["batch", "source"]}
     assert _outputs(out / "encoder_model.onnx") == ["last_hidden_state"]

@@ -85,7 +85,7 @@ def test_t5_repository_runs_the_greedy_loop_in_the_python_backend(t5_out, tmp_pa
     entry = made.model_dir
     config = (entry / "config.pbtxt").read_text()
     assert 'backend: "python"' in config and "max_batch_size: 0" in config and "optional: true" in config
-    assert {p.name for p in (entry / "1").iterdir()} >= {"model.py", "seq2seq.json", "tokenizer",
+    assert {p.name for p in (entry / "1").iterdir()} >= {"model.py", "seq2seq.json", "tokenizer", "greedy_loop.py",
                                                          "encoder_model.onnx", "decoder_model.onnx",
                                                          "decoder_with_past_model.onnx"}
     assert made.model_path == entry / "1" / "model.py" and made.max_batch_size == 0
@@ -144,3 +144,50 @@ def test_gpu_is_refused_for_an_encoder_decoder(t5_out, tmp_path):
     with pytest.raises(UsageError) as e:
         triton_repository(t5_out, tmp_path / "repo", gpu=True)
     assert "--gpu" in e.value.message and e.value.exit_code == 2 and not (tmp_path / "repo").exists()
+
+
+def test_the_greedy_loop_runs_without_onnxport(tmp_path):
+    """The one greedy loop (seq2seq/greedy_loop.py, copied beside model.py) imports numpy only: with onnxport and
+    torch unimportable it runs a loop over stand-in sessions, stopping once every row has ended."""
+    import shutil
+    import subprocess
+
+    from onnxport.seq2seq import greedy_loop
+
+    shutil.copy(greedy_loop.__file__, tmp_path / "greedy_loop.py")
+    code = """
+import sys
+sys.modules.update(onnxport=None, torch=None, transformers=None)
+import numpy as np
+import greedy_loop
+
+class Session:
+    def __init__(self, width): self.width = width
+    def run(self, names, feeds):
+        batch = next(iter(feeds.values())).shape[0]
+        logits = np.zeros((batch, 1, 8), np.float32)
+        logits[:, -1, 2 + self.width] = 1.0
+        return [logits if n == "logits" else np.zeros((batch, 1, 1, 2), np.float32) for n in names][:len(names)]
+
+class Encoder:
+    def run(self, names, feeds): return [np.zeros((2, 3, 4), np.float32)]
+
+class Decoding:
+    def __init__(self): self.finished, self.steps = False, 0
+    def step(self, logits):
+        self.steps += 1
+        self.finished = self.steps == 3
+        return logits.argmax(-1).astype(np.int64)
+
+class Rules:
+    decoder_prompt = (5,)
+    def start(self, ids, most):
+        assert ids.tolist() == [[0, 5], [0, 5]] and most == 9
+        return Decoding()
+
+got = greedy_loop.generate((Encoder(), Session(1), Session(2)), 2, 0, Rules(), {"input_ids": np.ones((2, 3))}, 9)
+assert got.tolist() == [[3, 4, 4], [3, 4, 4]], got
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -96,7 +96,9 @@ class Hooks:
     exported)`` proves the file at ``run.result.path``; ``optimize(run, made)`` makes and judges its variants
     of the proven file at ``run.model_file`` (None: it has none); ``section(run)`` is its report.json section
     (the family's ``section`` key) from ``run.made`` once its proof has run; ``bench``: whether the one
-    benchmark times its file (False: its variants are its timing). The stages that call them are
+    benchmark times its file (False: its variants are its timing); ``keep(run, proven)`` moves the export's files
+from ``run.work`` into ``run.out`` under the names the proof earns and returns the one the report names (None:
+the one file, as ``model.onnx`` or ``model.unverified.onnx``). The stages that call them are
     :mod:`onnxport.families.steps`; their typed results are :mod:`onnxport.families.hooks`'."""
 
     export: Callable[[Run], Exported]
@@ -104,3 +106,4 @@ class Hooks:
     section: Callable[[Run], Section]
     optimize: Callable[[Run, Made], Optimized] | None = None
     bench: bool = False
+    keep: Callable[[Run, bool], Path] | None = None

@@ -49,7 +49,7 @@ def export_result(made: Exported) -> ExportResult:
 
 def prove(run: Run) -> Run:
     """The structural check and the family's proof of its export; the file moved into OUT as model.onnx when
-    proven, else model.unverified.onnx."""
+    proven, else model.unverified.onnx (a family whose ``Hooks.keep`` names its files: under its names)."""
     timings = dict(run.timings)
     t = time.perf_counter()
     checked = check(run.result.path)
@@ -61,8 +61,11 @@ def prove(run: Run) -> Run:
     diags = rootcause.rank((*run.outcome.diagnostics, *checked.diagnostics, *proved.diagnostics), parity)
     outcome = run.outcome.but(check=checked, parity=parity, diagnostics=tuple(diags), timings=timings)
     run = run.but(made=run.made.but(proved=proved), timings=timings, outcome=outcome)
-    final = run.out / ("model.onnx" if run.proven else "model.unverified.onnx")
-    move_model(run.result.path, final)
+    if run.hooks.keep is not None:
+        final = run.hooks.keep(run, run.proven)
+    else:
+        final = run.out / ("model.onnx" if run.proven else "model.unverified.onnx")
+        move_model(run.result.path, final)
     run = run.but(model_file=final)
     return run.but(outcome=sectioned(run, outcome.but(model_path=final.name)))
 

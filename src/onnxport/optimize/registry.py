@@ -60,12 +60,6 @@ def declare(name: str, names: tuple[str, ...], default: tuple[str, ...] | None =
     return name
 
 
-# The encoder-decoder's kind, declared here until the modules of its package that import it from here take it
-# from the package (docs/architecture.md, "Model families").
-SEQ2SEQ_VARIANTS = ("fused", "int8")
-SEQ2SEQ = declare("seq2seq", SEQ2SEQ_VARIANTS, label="encoder-decoder ")
-
-
 def kind(name: str) -> Kind:
     """The kind called ``name`` (KeyError for one not declared)."""
     return KINDS[name]

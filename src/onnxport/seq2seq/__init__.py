@@ -3,12 +3,11 @@ Speech2Text; VisionEncoderDecoder: TrOCR, Donut): three ONNX files in Optimum's 
 ``decoder_model.onnx``, ``decoder_with_past_model.onnx``), proven step by step and by greedy generation against
 ``model.generate``."""
 
-from onnxport.optimize.registry import SEQ2SEQ_VARIANTS
 from onnxport.seq2seq.export import export_seq2seq
 from onnxport.seq2seq.flow import MAX_LENGTH, MAX_SOURCE, SEQ2SEQ_TASKS, load, run, run_model, wants_seq2seq
 from onnxport.seq2seq.generation import Sessions, generate_greedy, open_sessions, stream_greedy
+from onnxport.seq2seq.kind import SEQ2SEQ_VARIANTS
 from onnxport.seq2seq.layout import is_seq2seq, seq2seq_layout
-from onnxport.seq2seq.outcome import to_outcome
 from onnxport.seq2seq.prove import prove_seq2seq, step_matrix
 from onnxport.seq2seq.records import (
     FILES,
@@ -18,7 +17,7 @@ from onnxport.seq2seq.records import (
     Seq2SeqOutcome,
     Seq2SeqProof,
 )
-from onnxport.seq2seq.stage import checked, stage
+from onnxport.seq2seq.stage import checked
 from onnxport.seq2seq.variants import optimize_seq2seq
 
 __all__ = [
@@ -44,9 +43,7 @@ __all__ = [
     "run",
     "run_model",
     "seq2seq_layout",
-    "stage",
     "step_matrix",
     "stream_greedy",
-    "to_outcome",
     "wants_seq2seq",
 ]

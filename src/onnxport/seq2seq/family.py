@@ -1,5 +1,6 @@
 """The encoder-decoder family's registration (docs/architecture.md, "Model families"): an encoder-decoder in
-``hf:DIR`` exported with its cache as three files (docs/seq2seq.md)."""
+``hf:DIR`` exported with its cache as three files (docs/seq2seq.md), run through the one pipeline's stages with its
+parts (:mod:`onnxport.seq2seq.hooks`)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import re
 from pathlib import Path
 
 from onnxport.core.outdir import VARIANTS_DIR
-from onnxport.families import Family, Stage
+from onnxport.families import PIPELINE_STAGES, Family
 from onnxport.seq2seq.flow import load, wants_seq2seq
+from onnxport.seq2seq.hooks import HOOKS
+from onnxport.seq2seq.kind import SEQ2SEQ
 from onnxport.seq2seq.outcome import SECTION
 from onnxport.seq2seq.records import FILES, WITH_PAST_FILE, Seq2SeqLayout
-from onnxport.seq2seq.stage import checked, stage
+from onnxport.seq2seq.stage import checked
 from onnxport.seq2seq.triton import repository_entry
 
 _NAME = re.compile(r"[A-Za-z0-9\-]([A-Za-z0-9_.\-]*[A-Za-z0-9\-])?")  # a folder name as serve names models
@@ -35,8 +38,9 @@ def served_file(out: Path, report: object = None) -> Path | None:
 
 
 FAMILY = Family(
-    "seq2seq", (Stage("export_and_proof", stage, checkpoint=True),), detects=wants_seq2seq, refuse=checked,
-    load=load, check_seq=False, section=SECTION, layout=Seq2SeqLayout.from_dict,
+    "seq2seq", PIPELINE_STAGES, detects=wants_seq2seq, refuse=checked,
+    load=load, check_seq=False, variant_kind=SEQ2SEQ, section=SECTION, layout=Seq2SeqLayout.from_dict,
     extension="onnxport.seq2seq.serving:EXTENSION",
     served=served_file, files=FILES, repository=repository_entry,
+    scratch=True, hooks=HOOKS,  # the one pipeline's stages, its export, proof, variants and section through HOOKS
 )

@@ -15,12 +15,13 @@ from onnxport.core.records import FP32, Tolerance
 from onnxport.core.spec import InputSpec
 from onnxport.decoder.exportable import upcast
 from onnxport.decoder.records import CacheVariants
-from onnxport.optimize.registry import SEQ2SEQ, chosen
+from onnxport.optimize.registry import chosen
 from onnxport.seq2seq.export import export_seq2seq
 from onnxport.seq2seq.generation import open_sessions
+from onnxport.seq2seq.kind import SEQ2SEQ
 from onnxport.seq2seq.layout import NO_CACHE_HINT, is_seq2seq, seq2seq_layout
 from onnxport.seq2seq.prove import NEW_TOKENS, prove_seq2seq
-from onnxport.seq2seq.records import FILES, Seq2SeqOutcome, final_name
+from onnxport.seq2seq.records import FILES, WITH_PAST_FILE, Seq2SeqLayout, Seq2SeqOutcome, final_name
 from onnxport.seq2seq.source import describe
 from onnxport.seq2seq.variants import optimize_seq2seq
 from onnxport.sources.base import LoadedModel, count_parameters
@@ -63,6 +64,19 @@ def run(model_dir: str | Path, out: str | Path, **kw) -> Seq2SeqOutcome:
     return run_model(load(f"hf:{model_dir}", trust_remote_code=trust).model, out, **kw)
 
 
+def prepared(model: nn.Module, max_length: int, max_source: int, new_tokens: int) -> Seq2SeqLayout:
+    """``model`` in eval mode and float32 (a bfloat16 / float16 one upcast, exactly) and the layout of its three
+    files at ``max_length`` decoder tokens and ``max_source`` source tokens; a length that leaves no room for
+    ``new_tokens`` generated tokens is a UsageError."""
+    model.eval()
+    upcast(model)
+    layout = seq2seq_layout(model, max_length, max_source)
+    if new_tokens < 1 or new_tokens > max_length:
+        raise UsageError(f"--max-length {max_length} leaves no room for {new_tokens} generated tokens",
+                         f"give --max-length {new_tokens} or more")
+    return layout
+
+
 def run_model(model: nn.Module, out: str | Path, *, max_length: int = MAX_LENGTH, max_source: int = MAX_SOURCE,
               opset: int | None = None, tolerance: Tolerance = FP32, new_tokens: int = NEW_TOKENS,
               progress: Progress = noop, variants: CacheVariants | None = None) -> Seq2SeqOutcome:
@@ -77,12 +91,7 @@ def run_model(model: nn.Module, out: str | Path, *, max_length: int = MAX_LENGTH
     names = chosen(variants.names, SEQ2SEQ)  # an unknown name fails before the (slow) export
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    model.eval()
-    upcast(model)
-    layout = seq2seq_layout(model, max_length, max_source)
-    if new_tokens < 1 or new_tokens > max_length:
-        raise UsageError(f"--max-length {max_length} leaves no room for {new_tokens} generated tokens",
-                         f"give --max-length {new_tokens} or more")
+    layout = prepared(model, max_length, max_source, new_tokens)
     progress(f"exporting the encoder and the decoder with its cache ({layout.layers} layers, {layout.heads} heads, "
              f"up to {max_length} decoder tokens)")
     with tempfile.TemporaryDirectory(prefix=".onnxport-seq2seq-", dir=out) as work:
@@ -90,12 +99,19 @@ def run_model(model: nn.Module, out: str | Path, *, max_length: int = MAX_LENGTH
         progress(f"proving at opset {made.opset}: step cases and greedy generation against PyTorch")
         proof = prove_seq2seq(model, layout, open_sessions(work, paths=made.paths), tolerance=tolerance,
                               new_tokens=new_tokens)
-        for name in FILES:
-            remove_model(out / final_name(name, True))
-            remove_model(out / final_name(name, False))
-            move_model(Path(work) / name, out / final_name(name, proof.passed))
+        keep_files(Path(work), out, proof.passed)
     built = None
     if names and proof.passed:
         built = optimize_seq2seq(model, layout, out, out, names=names, tolerance=tolerance,
                                  threads=variants.threads, budget_s=variants.budget_s, progress=progress)
     return Seq2SeqOutcome(out, layout, made, proof, built)
+
+
+def keep_files(work: Path, out: Path, proven: bool) -> Path:
+    """The three files moved from ``work`` into ``out`` under the names their proof earns (``*.unverified.onnx``
+    when not proven), any earlier ones removed; the decoder with past (the file every generated token runs)."""
+    for name in FILES:
+        remove_model(out / final_name(name, True))
+        remove_model(out / final_name(name, False))
+        move_model(work / name, out / final_name(name, proven))
+    return out / final_name(WITH_PAST_FILE, proven)

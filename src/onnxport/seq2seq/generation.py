@@ -1,7 +1,6 @@
-"""Step-wise greedy generation with the three exported files: the encoder once, the first decoder step on the
-start token (its presents hold the decoder's and the encoder's keys and values), then one token per step with
-``decoder_with_past_model``, the decoder presents fed back beside the encoder's unchanged ones; the generation
-config's rules (:mod:`onnxport.core.greedy`) pick each token."""
+"""Step-wise greedy generation with the three exported files (the loop: :mod:`onnxport.seq2seq.greedy_loop`, which
+the Triton python backend runs too): the sessions, the encoder's feeds checked against the layout, the room the
+decoder's cache leaves; the generation config's rules (:mod:`onnxport.core.greedy`) pick each token."""
 
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ import numpy as np
 from onnxport.core.errors import UsageError
 from onnxport.core.greedy import GreedyRules
 from onnxport.decoder.generation import stacked
+from onnxport.seq2seq.greedy_loop import stream
 from onnxport.seq2seq.records import DECODER_FILE, ENCODER_FILE, WITH_PAST_FILE, Seq2SeqLayout, final_name
 
 
@@ -77,28 +77,8 @@ def stream_greedy(sessions: Sessions, layout: Seq2SeqLayout, inputs: Sequence[np
     runs on the start token and the decoder prompt; only the new tokens are yielded."""
     rules = rules if rules is not None else layout.rules
     check_room(layout, max_new_tokens, rules)
-    feeds = encoder_feeds(layout, inputs)
-    (states,) = sessions.encoder.run(["last_hidden_state"], feeds)
-    batch = states.shape[0]
-    masks = {"encoder_attention_mask": feeds["attention_mask"]} if layout.encoder_mask else {}
-    ids = np.tile(np.asarray([layout.start_token, *rules.decoder_prompt], np.int64), (batch, 1))
-    decoding = rules.start(ids, max_new_tokens)
-    logits, *presents = sessions.decoder.run(list(layout.decoder_outputs),
-                                             {"input_ids": ids, "encoder_hidden_states": states, **masks})
-    cross = [presents[4 * i + k] for i in range(layout.layers) for k in (2, 3)]
-    own = [presents[4 * i + k] for i in range(layout.layers) for k in (0, 1)]
-    names = layout.past_names("past_key_values")
-    for step in range(max_new_tokens):
-        if step:
-            cache = [t for i in range(layout.layers) for t in (own[2 * i], own[2 * i + 1], cross[2 * i],
-                                                               cross[2 * i + 1])]
-            logits, *own = sessions.with_past.run(list(layout.with_past_outputs),
-                                                  {"input_ids": ids, **masks, **dict(zip(names, cache))})
-        token = decoding.step(logits[:, -1])
-        yield token
-        if decoding.finished:
-            return
-        ids = token[:, None]
+    yield from stream(sessions, layout.layers, layout.start_token, rules, encoder_feeds(layout, inputs),
+                      max_new_tokens)
 
 
 def generate_greedy(sessions: Sessions, layout: Seq2SeqLayout, inputs: Sequence[np.ndarray], max_new_tokens: int,

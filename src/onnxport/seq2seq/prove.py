@@ -13,6 +13,8 @@ from onnxport.core.greedy import PLAIN, GreedyRules
 from onnxport.core.records import FP32, Tolerance
 from onnxport.decoder.prove import reference_config
 from onnxport.decoder.records import GenerationCheck
+from onnxport.prove.judging import RunResults, compare_accuracy, run_cases
+from onnxport.prove.references import Ran, run_each
 from onnxport.seq2seq.feeds import (
     decoder_ids,
     encoder_inputs,
@@ -46,55 +48,77 @@ def step_matrix(layout: Seq2SeqLayout) -> list[Case]:
     return list(dict.fromkeys(c for c in cases if c[2] + c[3] <= top))
 
 
-def _errors(got, want, tolerance: Tolerance) -> tuple[float, bool, str | None]:
-    """The largest absolute error over pairs of arrays, whether all are within ``tolerance``, a shape error."""
-    worst, ok = 0.0, True
-    for g, w in zip(got, want):
-        if g.shape != w.shape:
-            return float("inf"), False, f"shape {list(g.shape)} where PyTorch gives {list(w.shape)}"
-        diff = np.abs(g.astype(np.float64) - w)
-        worst = max(worst, float(diff.max(initial=0.0)))
-        ok = ok and bool(np.all(tolerance.within(diff, w)))
-    return worst, ok, None
-
-
-def step_case(sessions: Sessions, wrappers: tuple[nn.Module, ...], layout: Seq2SeqLayout, case: Case,
-              tolerance: Tolerance, seed: int) -> Seq2SeqCase:
-    """The encoder on the case's sources, then one decoder step (the first, or one on a random cache) fed
-    PyTorch's encoder output: onnxruntime against the PyTorch model at each file."""
-    batch, source, past, new, padded = case
-    enc = encoder_inputs(layout, batch, source, padded=padded, seed=seed)
+def _feeds(layout: Seq2SeqLayout, case: Case, states: np.ndarray, enc: tuple, seed: int) -> tuple:
+    """A step's decoder inputs: the first step on the encoder's output, or new tokens on a random cache."""
+    batch, _, past, new, _ = case
     mask = enc[1] if layout.encoder_mask else None
     ids = decoder_ids(layout, batch, new, seed)
-    try:
-        with torch.inference_mode():
-            states = wrappers[0](*enc)
-            if past == 0:
-                inputs = first_inputs(layout, ids, states, mask)
-            else:
-                inputs = with_past_inputs(layout, ids, mask, random_cache(layout, batch, past, states.shape[1], seed))
-            want = [t.float().numpy() for t in wrappers[1 if past == 0 else 2](*inputs)]
-        names = layout.encoder_inputs
-        got_states = sessions.encoder.run(["last_hidden_state"], {n: t.numpy() for n, t in zip(names, enc)})
-        sess, names = ((sessions.decoder, layout.decoder_inputs) if past == 0
+    if past == 0:
+        return tuple(first_inputs(layout, ids, torch.from_numpy(states), mask))
+    return tuple(with_past_inputs(layout, ids, mask, random_cache(layout, batch, past, states.shape[1], seed)))
+
+
+def step_cases(sessions: Sessions, wrappers: tuple[nn.Module, ...], layout: Seq2SeqLayout, tolerance: Tolerance,
+               seed: int) -> tuple[Seq2SeqCase, ...]:
+    """Every :func:`step_matrix` case, run then judged: the encoder on the case's sources, then one decoder step
+    (the first, or one on a random cache) fed PyTorch's encoder output. PyTorch's outputs
+    (:func:`~onnxport.prove.references.run_each`) and onnxruntime's (:func:`~onnxport.prove.judging.run_cases`)
+    first, then each case compared by :func:`~onnxport.prove.judging.compare_accuracy`: the encoder's output,
+    the logits and the presents each (the one comparison every variant is judged by)."""
+    matrix = step_matrix(layout)
+    encs = [tuple(encoder_inputs(layout, b, s, padded=p, seed=seed + i)) for i, (b, s, _, _, p) in enumerate(matrix)]
+    states = run_each(wrappers[0], encs)
+    got_states = run_cases(lambda enc: sessions.encoder.run(["last_hidden_state"], {
+        n: t.numpy() for n, t in zip(layout.encoder_inputs, enc)}), encs, matrix)
+    feeds = [None if ran.outputs is None else _feeds(layout, case, ran.outputs[0], encs[i], seed + i)
+             for i, (case, ran) in enumerate(zip(matrix, states))]
+    want = [ran if feed is None else run_each(wrappers[1 if case[2] == 0 else 2], [feed])[0]
+            for case, feed, ran in zip(matrix, feeds, states)]
+
+    def decode(step: tuple[Case, tuple]) -> list:
+        case, feed = step
+        sess, names = ((sessions.decoder, layout.decoder_inputs) if case[2] == 0
                        else (sessions.with_past, layout.with_past_inputs))
-        got = sess.run(None, {n: t.numpy() for n, t in zip(names, inputs)})
-    except Exception as e:  # noqa: BLE001 - recorded as the case's failure
-        inf = float("inf")
-        return Seq2SeqCase(batch, source, past, new, padded, inf, inf, inf, False, one_line(e, 240))
-    enc_err, enc_ok, why = _errors(got_states, [states.numpy()], tolerance)
-    logit_err, logit_ok, why_l = _errors(got[:1], want[:1], tolerance)
-    cache_err, cache_ok, why_c = _errors(got[1:], want[1:], tolerance)
-    return Seq2SeqCase(batch, source, past, new, padded, enc_err, logit_err, cache_err,
-                       enc_ok and logit_ok and cache_ok, why or why_l or why_c)
+        return sess.run(None, {n: t.numpy() for n, t in zip(names, feed)})
+
+    got = run_cases(decode, list(zip(matrix, feeds)), matrix)
+    return tuple(judged_step(layout, case, got_states.outputs[i], got.outputs[i], states[i], want[i], tolerance,
+                             got_states.error(i) or got.error(i)) for i, case in enumerate(matrix))
+
+
+def judged_step(layout: Seq2SeqLayout, case: Case, got_states: tuple | None, got: tuple | None, states: Ran,
+                want: Ran, tolerance: Tolerance, why: str | None = None) -> Seq2SeqCase:
+    """One step case judged: onnxruntime's encoder output and decoder outputs against PyTorch's (None: it failed,
+    ``why``)."""
+    inf = float("inf")
+    past_shape = layout.past_shape(case[0], case[2])
+
+    def failed(error: str) -> Seq2SeqCase:
+        return Seq2SeqCase(*case, inf, inf, inf, False, one_line(error, 240), inf, past_shape)
+
+    for ran in (states, want):
+        if ran.outputs is None:
+            return failed(f"PyTorch fails on this step: {ran.error}")
+    if got_states is None or got is None:
+        return failed(why or "onnxruntime fails")
+    pairs = ((tuple(got_states), tuple(states.outputs)), (tuple(got[:1]), tuple(want.outputs[:1])),
+             (tuple(got[1:]), tuple(want.outputs[1:])))
+    wrong = next(((g.shape, w.shape) for mine, ref in pairs for g, w in zip(mine, ref) if g.shape != w.shape), None)
+    if wrong is not None:
+        return failed(f"shape {list(wrong[0])} where PyTorch gives {list(wrong[1])}")
+    label = (", ".join(map(str, case)),)
+    enc, logits, presents = (compare_accuracy(RunResults(label, (mine,)), RunResults(label, (ref,)), tolerance,
+                                              cosine_of=None) for mine, ref in pairs)
+    return Seq2SeqCase(*case, enc.max_abs_err, logits.max_abs_err, presents.max_abs_err,
+                       enc.within and logits.within and presents.within, None,
+                       max(enc.max_rel_err, logits.max_rel_err, presents.max_rel_err), past_shape)
 
 
 def prove_seq2seq(model: nn.Module, layout: Seq2SeqLayout, sessions: Sessions, *, tolerance: Tolerance = FP32,
                   new_tokens: int = NEW_TOKENS, seed: int = 0) -> Seq2SeqProof:
     """Every :func:`step_matrix` case, then greedy generation (one row; a batch of three with padded sources)."""
     wrappers = (Encoder(model, layout).eval(), FirstStep(model, layout).eval(), WithPast(model, layout).eval())
-    cases = tuple(step_case(sessions, wrappers, layout, c, tolerance, seed + i)
-                  for i, c in enumerate(step_matrix(layout)))
+    cases = step_cases(sessions, wrappers, layout, tolerance, seed)
     prompt = len(layout.rules.decoder_prompt)
     if new_tokens > layout.max_length or prompt >= layout.max_length:
         raise UsageError(f"--max-length {layout.max_length} leaves no room for {new_tokens} generated tokens",

@@ -163,10 +163,31 @@ class Seq2SeqCase:
     max_abs_err_presents: float
     passed: bool
     error: str | None = None
+    max_rel_err: float = 0.0
+    past_shape: tuple[int, ...] = ()  # the shape of past_key_values.0.decoder.key in this step
 
     @property
     def file(self) -> str:
         return DECODER_FILE if self.past == 0 else WITH_PAST_FILE
+
+    @property
+    def label(self) -> str:
+        return (f"batch {self.batch}, source {self.source}{' (padded rows)' if self.padded else ''}, "
+                f"past {self.past}, {self.new} new ({self.file})")
+
+    @property
+    def shapes(self) -> dict[str, list[int]]:
+        return {"encoder input": [self.batch, self.source], "input_ids": [self.batch, self.new],
+                "past_key_values.0.decoder.key": list(self.past_shape)}
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return {"batch": self.batch, "source": self.source, "past": self.past, "seq": self.new}
+
+    @property
+    def errors(self) -> dict[str, float]:
+        return {"last_hidden_state": self.max_abs_err_encoder, "logits": self.max_abs_err_logits,
+                "presents": self.max_abs_err_presents}
 
     @property
     def max_abs_err(self) -> float:

@@ -1,37 +1,17 @@
-"""The pipeline's encoder-decoder stage and the options it takes: each other option is refused, naming why."""
+"""The options an encoder-decoder takes (each other option is refused, naming why) and the feature extractor
+copied beside its files."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
-from onnxport.core.diagnostics import Diagnostic, info
 from onnxport.core.errors import UsageError
 from onnxport.core.options import Options
 from onnxport.decoder.applies import bench_label
-from onnxport.decoder.records import CacheVariants, DecoderVariants
-from onnxport.decoder.stage import export_notes
-from onnxport.diagnose import rootcause
-from onnxport.families import Run
-from onnxport.optimize.registry import SEQ2SEQ, chosen
-from onnxport.seq2seq.flow import MAX_LENGTH, run_model
-from onnxport.seq2seq.layout import fitted_max_length
-from onnxport.seq2seq.outcome import to_outcome
-from onnxport.seq2seq.prove import NEW_TOKENS
+from onnxport.optimize.registry import chosen
+from onnxport.seq2seq.kind import SEQ2SEQ
 from onnxport.seq2seq.records import FEATURE_EXTRACTOR_FILE
-
-
-def variants_info(made: DecoderVariants) -> Diagnostic:
-    """The best variant of the three files (``seq2seq-variant-best``) and those not kept, with why."""
-    best, base = made.best, made.get("export")
-    failed = ", ".join(f"{v.name} ({v.error})" for v in made.variants if not v.passed)
-    rest = f"; not kept: {failed}" if failed else ""
-    if best is None or base is None or not base.decode_tok_s:
-        return info("seq2seq-variant-best", f"no variant of the three files could be timed{rest}")
-    where = "the proven files" if best.name == "export" else f"variants/{best.name}/"
-    return info("seq2seq-variant-best", f"fastest proven variant: {best.name} ({where}) at "
-                f"{best.decode_tok_s:.1f} tokens/s decode at batch 1, {made.speedup or 1.0:.2f}x the export's "
-                f"{base.decode_tok_s:.1f}{rest}")
 
 
 def save_feature_extractor(model_dir: str | Path, out: str | Path) -> Path | None:
@@ -72,24 +52,3 @@ def checked(options: Options) -> Options:
             raise UsageError(f"{option} does not apply here: an encoder-decoder is exported with its cache "
                              f"({reason})", "drop it, or give --input/--task to export the plain forward")
     return options
-
-
-def stage(run: Run) -> Run:
-    """An encoder-decoder : ``encoder_model.onnx``, ``decoder_model.onnx`` and
-    ``decoder_with_past_model.onnx`` with the cache, proven step by step and by greedy generation against
-    ``model.generate`` (:mod:`onnxport.seq2seq`); the tokenizer (and a speech model's feature extractor) copied
-    beside them."""
-    o = run.options
-    max_length, fitted = ((o.export.max_length, None) if o.export.max_length
-                          else fitted_max_length(run.loaded.model, MAX_LENGTH))
-    made = run_model(run.loaded.model, run.out, opset=o.export.opset, tolerance=o.proof.tolerance,
-                     progress=run.progress, max_length=max_length, new_tokens=min(NEW_TOKENS, max_length),
-                     variants=CacheVariants(o.optimize.variants, o.optimize.budget,
-                                            o.bench.threads if o.bench is not None else None))
-    diags = export_notes(run, made.layout.generation, fitted, MAX_LENGTH)
-    if made.layout.source_input != "input_ids":  # features or pixels: Whisper's generate takes audio with it
-        save_feature_extractor(run.loaded.source.split(":", 1)[1], run.out)
-    if made.variants is not None:
-        diags.append(variants_info(made.variants))
-    outcome = to_outcome(made, run.loaded, o.command, diags, run.timings).but(log=o.log_name)
-    return run.but(outcome=outcome.but(diagnostics=tuple(rootcause.rank(outcome.diagnostics, outcome.parity))))

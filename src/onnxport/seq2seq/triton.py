@@ -1,7 +1,7 @@
 """The encoder-decoder's entry in a Triton repository (``onnxport triton OUT/``; the family's ``repository``,
 docs/seq2seq.md): the python backend's ``1/model.py`` (:mod:`onnxport.seq2seq.triton_model`, the greedy loop with
-onnxruntime) and ``1/greedy_processors.py`` (the generation config's rules, :mod:`onnxport.core.greedy`) beside
-the three files, ``1/seq2seq.json`` (the layout report.json recorded), the tokenizer and feature extractor, and
+onnxruntime), ``1/greedy_loop.py`` (that loop, :mod:`onnxport.seq2seq.greedy_loop`, the one onnxport runs) and
+``1/greedy_processors.py`` (the generation config's rules, :mod:`onnxport.core.greedy`) beside the three files, ``1/seq2seq.json`` (the layout report.json recorded), the tokenizer and feature extractor, and
 its config. ``serve/repository.py`` writes it without naming the family."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from onnxport.seq2seq.outcome import SECTION
 from onnxport.seq2seq.records import FEATURE_EXTRACTOR_FILE, Seq2SeqLayout
 
 LAYOUT_FILE = f"{SECTION}.json"  # the layout beside model.py (serve REPO reads it back: Family.layout)
+LOOP_FILE = "greedy_loop.py"  # the greedy loop (onnxport.seq2seq.greedy_loop), beside model.py, which imports it
 
 
 def recorded_layout(out: Path, report: object) -> dict:
@@ -84,8 +85,9 @@ def repository_entry(out: Path, report: object, name: str, *, instance_count: in
     layout = recorded_layout(out, report)
     text = resources.files("onnxport.seq2seq").joinpath("triton_model.py").read_text(encoding="utf-8")
     processors = resources.files("onnxport.core").joinpath("greedy.py").read_text(encoding="utf-8")
+    loop = resources.files("onnxport.seq2seq").joinpath(LOOP_FILE).read_text(encoding="utf-8")
     return RepositoryEntry(model_config(layout, name, instance_count=instance_count, threads=threads),
                            config_notes(layout), text,
-                           {PROCESSORS_FILE: processors, LAYOUT_FILE: json.dumps(layout, indent=2) + "\n"},
+                           {PROCESSORS_FILE: processors, LOOP_FILE: loop, LAYOUT_FILE: json.dumps(layout, indent=2) + "\n"},
                            # serve REPO's generate takes text with the tokenizer, and audio with the extractor
                            (out / "tokenizer", out / FEATURE_EXTRACTOR_FILE))

@@ -2,8 +2,9 @@
 the greedy loop over ``encoder_model.onnx``, ``decoder_model.onnx`` and ``decoder_with_past_model.onnx`` with
 onnxruntime. ``onnxport triton OUT/ --repo R`` copies this file to ``R/<name>/1/model.py`` beside the three files
 and ``seq2seq.json`` (the layout the export recorded). It imports numpy, onnxruntime and the backend's
-``triton_python_backend_utils`` and ``greedy_processors.py`` (the generation config's rules, written beside it
-from :mod:`onnxport.core.greedy`) only, so that it runs in Triton's python backend without onnxport;
+``triton_python_backend_utils``, ``greedy_processors.py`` (the generation config's rules, written beside it
+from :mod:`onnxport.core.greedy`) and ``greedy_loop.py`` (the greedy loop onnxport runs itself, written beside it
+from :mod:`onnxport.seq2seq.greedy_loop`) only, so that it runs in Triton's python backend without onnxport;
 onnxport itself never imports it.
 
 Inputs (``max_batch_size: 0``: the batch is the first dim of each tensor): ``input_ids`` INT64 [batch, source]
@@ -25,16 +26,13 @@ import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # greedy_processors.py lies beside this file
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # greedy_processors.py, greedy_loop.py lie beside it
+import greedy_loop  # noqa: E402 - the greedy loop, copied from onnxport.seq2seq.greedy_loop
 import greedy_processors  # noqa: E402 - the generation config's rules, copied from onnxport.core.greedy
 
 LAYOUT_FILE = "seq2seq.json"
 FILES = ("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx")
 DEFAULT_MAX_TOKENS = 16
-
-
-def _names(layers: int, prefix: str, kinds: tuple[str, ...] = ("decoder", "encoder")) -> list[str]:
-    return [f"{prefix}.{i}.{kind}.{kv}" for i in range(layers) for kind in kinds for kv in ("key", "value")]
 
 
 def rules_of(layout: dict):
@@ -44,33 +42,12 @@ def rules_of(layout: dict):
 
 
 def greedy(sessions: list, layout: dict, feeds: dict, max_tokens: int) -> np.ndarray:
-    """[batch, steps] greedy tokens under the generation config's rules: the encoder once, the first decoder step
-    on the start token and the decoder prompt, then one step per token on the cache; stops after the step where
-    every row has produced an end-of-sequence token (rows that ended earlier get the pad token)."""
-    encoder, first, with_past = sessions
-    layers, rules = int(layout["layers"]), rules_of(layout)
-    (states,) = encoder.run(["last_hidden_state"], feeds)
-    masks = {"encoder_attention_mask": feeds["attention_mask"]} if "attention_mask" in feeds else {}
-    ids = np.tile(np.asarray([int(layout["decoder_start_token_id"]), *rules.decoder_prompt], np.int64),
-                  (states.shape[0], 1))
-    decoding = rules.start(ids, max_tokens)
-    logits, *presents = first.run(["logits", *_names(layers, "present")],
-                                  {"input_ids": ids, "encoder_hidden_states": states, **masks})
-    own = [presents[4 * i + k] for i in range(layers) for k in (0, 1)]
-    cross = [presents[4 * i + k] for i in range(layers) for k in (2, 3)]
-    steps = []
-    for step in range(max_tokens):
-        if step:
-            cache = [t for i in range(layers) for t in (own[2 * i], own[2 * i + 1], cross[2 * i], cross[2 * i + 1])]
-            logits, *own = with_past.run(["logits", *_names(layers, "present", ("decoder",))],
-                                         {"input_ids": ids, **masks, **dict(zip(_names(layers, "past_key_values"),
-                                                                               cache))})
-        token = decoding.step(logits[:, -1])
-        steps.append(token)
-        if decoding.finished:
-            break
-        ids = token[:, None]
-    return np.stack(steps, axis=1)
+    """[batch, steps] greedy tokens under the generation config's rules, by the loop onnxport runs itself
+    (``greedy_loop.generate``): the encoder once, the first decoder step on the start token and the decoder
+    prompt, then one step per token on the cache; stops after the step where every row has produced an
+    end-of-sequence token (rows that ended earlier get the pad token)."""
+    return greedy_loop.generate(sessions, int(layout["layers"]), int(layout["decoder_start_token_id"]),
+                                rules_of(layout), feeds, max_tokens)
 
 
 def _tensor(request, name: str) -> np.ndarray | None:

@@ -30,11 +30,12 @@ from onnxport.optimize import registry
 from onnxport.optimize.context import BuildOutcome
 from onnxport.optimize.gates import GATES
 from onnxport.optimize.passes import Budget, Built, Unmade, VariantPass, build_into, each_variant
-from onnxport.optimize.registry import BASELINE, SEQ2SEQ, register, register_judge
+from onnxport.optimize.registry import BASELINE, register, register_judge
 from onnxport.optimize.result import SkipReason
 from onnxport.prove.judging import Policy, RunResults, compare_accuracy, run_cases, token_agreement, verdict
 from onnxport.seq2seq.feeds import decoder_ids, encoder_inputs, first_inputs, random_cache, with_past_inputs
 from onnxport.seq2seq.generation import Sessions, generate_greedy, open_sessions
+from onnxport.seq2seq.kind import SEQ2SEQ
 from onnxport.seq2seq.layout import Encoder, FirstStep, WithPast
 from onnxport.seq2seq.prove import reference_generate, step_matrix
 from onnxport.seq2seq.records import FILES, WITH_PAST_FILE, Seq2SeqLayout
