@@ -71,8 +71,13 @@ def test_resnet18_static_int8_calibrated_on_images(tmp_path):
         cal["held_out_metrics"][m]["margin"] for m in CALIBRATION_METHODS)
     # README: top-1 agreement 1.000 on the images; one of the 24 flipping still passes the gate
     top1, top5 = _on_samples(int8, "top1_agreement"), int8["samples"]["agreement"]["topk_agreement"]
-    assert TOP1_MIN <= top1 <= 1 and 0.9 <= top5 <= 1 and int8["passed"]
-    assert 0.75 <= int8["metrics"][-1]["value"] <= 1  # top-1 on the generated inputs: README 0.833 to 1.000
+    assert TOP1_MIN <= top1 <= 1 and 0.9 <= top5 <= 1
+    metrics = {m["name"]: m for m in int8["metrics"]}
+    assert 0.75 <= metrics["top1_agreement"]["value"] <= 1  # raw top-1 on the generated inputs
+    # random weights: PyTorch predicts one class for every generated input, so raw top-1 cannot tell; what varies
+    # between the inputs (the centred gates) rejects this int8, which is then never the best
+    assert int8["varying"]["cannot_tell"].get("top-1 (raw)", "").startswith("PyTorch predicts one class")
+    assert metrics["top1_agreement (centred)"]["passed"] is int8["passed"] is False and rep["best"]["name"] != "int8"
     print(f"\nresnet18 int8 ({cal['method']} calibration, held-out margins "
           f"{ {m: cal['held_out_metrics'][m]['margin'] for m in CALIBRATION_METHODS} }): top-1 agreement on the "
           f"images {top1:.3f}, top-5 {int8['samples']['agreement']['topk_agreement']:.3f}; on generated inputs "

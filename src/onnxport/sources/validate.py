@@ -30,9 +30,9 @@ POSITIVE = {  # integers >= 1 (None allowed: the model's default)
     "num_attention_heads": 4096, "num_key_value_heads": 4096, "intermediate_size": MAX_WIDTH * 4,
     "max_position_embeddings": MAX_POSITIONS, "n_positions": MAX_POSITIONS, "n_ctx": MAX_POSITIONS,
     "n_embd": MAX_WIDTH, "n_layer": MAX_LAYERS, "n_head": 4096, "n_inner": MAX_WIDTH * 4, "d_model": MAX_WIDTH,
-    "d_kv": MAX_WIDTH, "d_ff": MAX_WIDTH * 4, "num_layers": MAX_LAYERS, "num_decoder_layers": MAX_LAYERS,
+    "d_kv": MAX_WIDTH, "d_ff": MAX_WIDTH * 4, "num_layers": MAX_LAYERS,
     "num_heads": 4096, "patch_size": 4096, "num_channels": 4096,
-    "encoder_layers": MAX_LAYERS, "decoder_layers": MAX_LAYERS, "encoder_attention_heads": 4096,
+    "encoder_attention_heads": 4096,
     "decoder_attention_heads": 4096, "encoder_ffn_dim": MAX_WIDTH * 4, "decoder_ffn_dim": MAX_WIDTH * 4,
     "head_dim": MAX_WIDTH, "max_source_positions": MAX_POSITIONS, "max_target_positions": MAX_POSITIONS,
     "num_mel_bins": 4096, "max_2d_position_embeddings": MAX_POSITIONS,
@@ -46,7 +46,9 @@ NON_NEGATIVE = {"min_length": MAX_POSITIONS, "max_new_tokens": MAX_POSITIONS, "m
                 "top_k": MAX_VOCAB, "no_repeat_ngram_size": MAX_POSITIONS, "num_beam_groups": 4096,
                 "encoder_no_repeat_ngram_size": MAX_POSITIONS, "type_vocab_size": MAX_VOCAB,  # DeBERTa-v2: 0
                 "sliding_window": MAX_POSITIONS, "num_experts": 65536, "num_local_experts": 65536,
-                "num_experts_per_tok": 65536}
+                "num_experts_per_tok": 65536,
+                # a decoder used alone keeps its encoder-decoder config with no encoder (Donut's mBART: 0)
+                "encoder_layers": MAX_LAYERS, "decoder_layers": MAX_LAYERS, "num_decoder_layers": MAX_LAYERS}
 POSITIVE_REAL = ("repetition_penalty", "encoder_repetition_penalty", "rope_theta")
 REAL = ("length_penalty", "diversity_penalty", "temperature", "logit_scale_init_value", "layer_norm_eps",
         "rms_norm_eps", "layer_norm_epsilon", "initializer_range", "initializer_factor")
