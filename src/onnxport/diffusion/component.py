@@ -233,22 +233,20 @@ def load(source: str, *, inputs: Sequence[InputSpec | str] | None = None, dims: 
         made = within_reach(module, made)
     try:
         return loaded(source, module, made, name, inputs=inputs, dims=dims, compare=compare)
-    except UsageError:
+    except UsageError as first:
         square = squared(made)
         if inputs or square is None:
             raise
-    try:  # some models run on square latents only (DiT unpatchifies by the square root of the token count)
-        return loaded(source, module, square, name, inputs=inputs, dims=dims, compare=compare)
-    except UsageError:
-        pass
-    return loaded(source, module, made, name, inputs=inputs, dims=dims, compare=compare)  # the first error
+        try:  # some models run on square latents only (DiT unpatchifies by the square root of the token count)
+            return loaded(source, module, square, name, inputs=inputs, dims=dims, compare=compare)
+        except UsageError:
+            raise first from None
 
 
-def _runs(module: nn.Module, made: Plan, sizes: dict[str, int]) -> bool:
-    call = make_flat(module, made.specs)
+def _runs(call: nn.Module, specs: tuple[InputSpec, ...], sizes: dict[str, int]) -> bool:
     try:
         with torch.inference_mode():
-            call(*make_inputs(made.specs, sizes, seed=0))
+            call(*make_inputs(specs, sizes, seed=0))
     except Exception:  # noqa: BLE001 - any failure means: not at these sizes
         return False
     return True
@@ -259,16 +257,17 @@ def within_reach(module: nn.Module, made: Plan) -> Plan:
     table holds so many patches: AuraFlow's, SD3's); a dim cut short is noted. The model is run once per dim
     when it runs at the largest size, as it does for most."""
     base = export_sizes(made.dims)
+    call = make_flat(module, made.specs)
     dims, notes = dict(made.dims), list(made.notes)
     for sym, dim in made.dims.items():
         sizes = list(dim.sizes or range(dim.min, dim.max + 1))
-        if sym == "batch" or len(sizes) < 2 or _runs(module, made, {**base, sym: sizes[-1]}):
+        if sym == "batch" or len(sizes) < 2 or _runs(call, made.specs, {**base, sym: sizes[-1]}):
             continue
-        lo, hi = 0, len(sizes) - 1  # sizes[lo] runs (the export size's side), sizes[hi] does not
-        lo = max((i for i, n in enumerate(sizes) if n <= base[sym]), default=0)
+        # sizes[lo] runs (the export size's side), sizes[hi] does not
+        lo, hi = max((i for i, n in enumerate(sizes) if n <= base[sym]), default=0), len(sizes) - 1
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if _runs(module, made, {**base, sym: sizes[mid]}) else (lo, mid)
+            lo, hi = (mid, hi) if _runs(call, made.specs, {**base, sym: sizes[mid]}) else (lo, mid)
         kept = tuple(n for n in sizes if n <= sizes[lo])
         dims[sym] = Dim(sym, kept[0], kept[-1], min(dim.example or kept[-1], kept[-1]),
                         sizes=kept if dim.sizes else None)
