@@ -10,7 +10,6 @@ graph at the benchmarked shapes and set against the machine's measured fp32 GEMM
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import time
@@ -23,6 +22,7 @@ import numpy as np
 from onnxport.bench.flopcount import flops
 from onnxport.bench.harness import stats, timed_blocks
 from onnxport.bench.peak import backend_precision, cache_dir, device_peak, peak_gflops
+from onnxport.bench.resident import PER_CALL, RESIDENT, call_or_run
 from onnxport.bench.tuning import tune
 from onnxport.core.errors import UsageError
 from onnxport.core.logs import Progress, noop
@@ -152,12 +152,14 @@ def spec_feeds(specs: Sequence[InputSpec], sizes: dict[str, int]) -> dict[str, n
 
 @dataclass(frozen=True)
 class _Timing:
-    """How each size is timed: warm-up calls, timed iterations per backend, the time cap, the block length."""
+    """How each size is timed: warm-up calls, timed iterations per backend, the time cap, the block length and
+    whether ONNX Runtime sessions are timed device-resident (bench/resident.py)."""
 
     warmup: int
     min_runs: int
     max_seconds: float
     block: int
+    resident: bool = False
 
 
 def run(loaded: LoadedModel, onnx_paths: dict[str, Path], options: BenchOptions = BenchOptions(), *,
@@ -172,8 +174,9 @@ def run(loaded: LoadedModel, onnx_paths: dict[str, Path], options: BenchOptions 
     ``options.max_seconds`` bounds the timed loop per batch/seq size; ``options.min_runs`` timed iterations per
     backend end it earlier. ``options.tune_ort`` searches session options on the first file (``tune``, within
     ``tune_budget_s``) and adds the tuned session as "onnxruntime:tuned". ``peak`` measures (or reads the
-    cached) GEMM peak for the roofline. ``options.io_binding`` runs ONNX Runtime through IO binding (inputs
-    bound once per size on the session's device; None: on with ``device`` "cuda"). ``device``: on "cuda" the
+    cached) GEMM peak for the roofline. ``options.io_binding`` runs ONNX Runtime through IO binding and times
+    it device-resident (inputs bound once per size on the session's device, outputs kept there, a CUDA graph
+    replayed: bench/resident.py; None: on with ``device`` "cuda"). ``device``: on "cuda" the
     "% peak" is of the GPU's own matmul peak in the precision each backend computes in (bench/peak.py), not of
     the CPU's. ``extra_backends``: more backends to time, unopened (a variant run with its recorded session
     options: runtime.SessionBackend). ``providers``: the provider chain every ONNX file runs on (default: the
@@ -204,11 +207,11 @@ def run(loaded: LoadedModel, onnx_paths: dict[str, Path], options: BenchOptions 
                      budget_s=tune_budget_s, progress=say)
     backends = _backends(loaded, onnx_paths, threads, compile=compile, openvino=openvino, io_binding=io_binding,
                          tuned=tuned, notes=notes, providers=providers) + list(extra_backends)
-    timing = _Timing(warmup, min_runs, max_seconds, block)
+    timing = _Timing(warmup, min_runs, max_seconds, block, resident=io_binding)
     rows = _bench_all(loaded, backends, sizes_list, reference, peak_info, timing, notes, say)
     settings = {"warmup": warmup, "min_runs": min_runs, "max_seconds": max_seconds, "block": block,
                 "batches": list(batches), "seq_lens": list(seq_lens) if seq_lens else None, "compile": compile,
-                "timing": "wall time per run() call incl. numpy↔framework conversion; interleaved blocks"}
+                "timing": f"{RESIDENT} (ONNX Runtime); {PER_CALL} (the others)" if io_binding else PER_CALL}
     return BenchResult(threads, tuple(rows), peak_info, settings, environment.summary(),
                        {"start": load_start, "end": _load_avg()}, tuple(notes), tuned,
                        time.perf_counter() - t_start)
@@ -327,6 +330,15 @@ class _Size:
     work: int | None
 
 
+def _call(backend: Backend, feeds: dict[str, np.ndarray], resident: bool, notes: list[str], label: str):
+    """What is timed of ``backend``: device-resident where asked and it can bind (bench/resident.py), else its
+    run() (noted when binding fails)."""
+    call, why = call_or_run(backend, feeds, resident)
+    if why:
+        notes.append(f"{label}: {backend.name} timed per call (IO binding failed: {why})")
+    return call
+
+
 def _bench_one(backends: list[Backend], size: _Size, peak_info: dict | None, timing: _Timing, notes: list[str],
                say: Progress) -> list[Run]:
     """Warm up and time ``backends`` at one size: one Run each, speedups against PyTorch eager."""
@@ -335,8 +347,9 @@ def _bench_one(backends: list[Backend], size: _Size, peak_info: dict | None, tim
     live, outputs = _warm(backends, feeds, timing.warmup, notes, label)
     if not live:
         return []
-    times = timed_blocks({b.name: functools.partial(b.run, feeds) for b in live}, seconds=timing.max_seconds,
-                         min_runs=timing.min_runs, block=timing.block, enough_at_min_runs=True)
+    times = timed_blocks({b.name: _call(b, feeds, timing.resident, notes, label) for b in live},
+                         seconds=timing.max_seconds, min_runs=timing.min_runs, block=timing.block,
+                         enough_at_min_runs=True)
     ref_name = live[0].name
     ref_p50 = None
     rows = []

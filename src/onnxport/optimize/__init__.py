@@ -1,11 +1,11 @@
-"""Layer 5: optimized variants (slim, ort, fused, fp16, int8; on a GPU also tf32, tensorrt, cuda-graph), each
+"""Layer 5: optimized variants (slim, ort, fused, fp16, int8; on a GPU also tf32, fp16-nhwc, fp16-sdpa, tensorrt, cuda-graph), each
 re-proven against PyTorch, and the choice of the best.
 
 Modules: :mod:`~onnxport.optimize.result` (records), :mod:`~onnxport.optimize.context` (what builders get and
 return), :mod:`~onnxport.optimize.graph` (slim, ort), :mod:`~onnxport.optimize.fusion` (fused),
 :mod:`~onnxport.optimize.precision` (fp16), :mod:`~onnxport.optimize.quantize` and
 :mod:`~onnxport.optimize.sensitivity` (int8), :mod:`~onnxport.optimize.policy` (tolerance policy, task metrics,
-proof), :mod:`~onnxport.optimize.gpu` (tf32, tensorrt, cuda-graph and the session options each variant records; how
+proof), :mod:`~onnxport.optimize.gpu` (tf32, fp16-nhwc, fp16-sdpa, tensorrt, cuda-graph and the session options each variant records; how
 they are run: :mod:`onnxport.runtime.variant_sessions`)
 and :mod:`~onnxport.optimize.choice` (timing and the choice of the best); :mod:`~onnxport.optimize.registry` (the
 builders of every model kind and each kind's judge), :mod:`~onnxport.optimize.passes` (what every kind's variants

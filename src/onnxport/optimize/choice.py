@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxport.bench import bench_sizes, sizes_at, stats, timed_blocks
+from onnxport.bench.resident import PER_CALL, RESIDENT, call_or_run
 from onnxport.core.errors import OnnxportError, UsageError
 from onnxport.core.logs import Progress, noop
 from onnxport.core.onnxfile import file_bytes
@@ -30,7 +31,14 @@ from onnxport.optimize.context import (
     reference_outputs,
 )
 from onnxport.optimize.fusion import build_fused, transformer_params
-from onnxport.optimize.gpu import build_cuda_graph, build_tensorrt, build_tf32
+from onnxport.optimize.gpu import (
+    GRAPH_BASES,
+    build_cuda_graph,
+    build_fp16_nhwc,
+    build_fp16_sdpa,
+    build_tensorrt,
+    build_tf32,
+)
 from onnxport.optimize.graph import build_ort, build_slim, file_facts, relative, short_error
 from onnxport.optimize.openvino import build_openvino, build_openvino_bf16, build_openvino_int8
 from onnxport.optimize.passes import (
@@ -139,7 +147,9 @@ def measure(paths: dict[str, Path], loaded: LoadedModel, batches: Sequence[int],
             seconds: float = 1.5, threads: int | None = None, options: Mapping[str, SessionOptions] | None = None,
             out_dir: Path | None = None, device: str = "cpu") -> Latencies:
     """p50 ms per name and batch, all files timed in interleaved warm blocks on the same inputs and threads;
-    ``options``: each name's session options (optimize/gpu.py), ``out_dir`` resolves their relative paths."""
+    ``options``: each name's session options (optimize/gpu.py), ``out_dir`` resolves their relative paths. On
+    "cuda" each file is timed device-resident (bench/resident.py: inputs and outputs bound once on the GPU, a
+    CUDA graph replayed), the way it runs deployed."""
     threads = threads or default_threads()
     backends = {}
     for name, p in paths.items():
@@ -162,7 +172,8 @@ def measure(paths: dict[str, Path], loaded: LoadedModel, batches: Sequence[int],
             except Exception:  # noqa: BLE001 - a file that fails at this shape is not timed here
                 continue
             names.append(n)
-        times = timed_blocks({n: functools.partial(backends[n].run, feeds_by[n]) for n in names}, seconds=seconds)
+        calls = {n: call_or_run(backends[n], feeds_by[n], resident=device == "cuda")[0] for n in names}
+        times = timed_blocks(calls, seconds=seconds)
         for n in names:
             out[n][str(batch)] = round(stats(times[n], batch)["p50_ms"], 4)
     for b in backends.values():
@@ -294,7 +305,8 @@ def _build_cuda_graph(src: Path, dst: Path, ctx: BuildContext) -> BuildOutcome:
 BUILDERS: dict[str, Builder] = {
     "slim": build_slim, "ort": build_ort, "fused": build_fused, "fp16": build_fp16,
     "int8": functools.partial(build_int8_searched, "int8"), "fused+int8": _build_fused_int8, "tf32": build_tf32,
-    "tensorrt": build_tensorrt, "cuda-graph": _build_cuda_graph, "openvino": build_openvino,
+    "fp16-nhwc": build_fp16_nhwc, "fp16-sdpa": build_fp16_sdpa, "tensorrt": build_tensorrt,
+    "cuda-graph": _build_cuda_graph, "openvino": build_openvino,
     "openvino-bf16": build_openvino_bf16, "openvino-int8": build_openvino_int8,
 }
 for _name, _builder in BUILDERS.items():
@@ -417,7 +429,7 @@ def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path,
     ``samples``: the user's samples with PyTorch's outputs (``prove.samples.references``): static int8 calibrates
     on them, and every variant is judged on them too (one that fails there is rejected).
     ``device`` "cuda": the variants are proven and timed on the GPU providers (IO binding), the GPU variants
-    (tf32, tensorrt, cuda-graph; optimize/gpu.py) can be built, and each variant records the session options
+    (tf32, fp16-nhwc, fp16-sdpa, tensorrt, cuda-graph; optimize/gpu.py) can be built, and each variant records the session options
     it needs (``Variant.session_options``; the best's go to report.json ``best.session_options``).
     ``threads``: onnxruntime's threads for the timing (default: the machine's). ``known``: PyTorch's outputs
     already computed on some cases (the export's proof), not computed again.
@@ -475,7 +487,8 @@ def variants(loaded: LoadedModel, model_path: str | Path, out_dir: str | Path,
         judged["why"] = (f"the default plan judges every variant without the case '{left_out[0].label}' (each dim's "
                          "maximum has a case of its own; the export is proven on it); the best is proven on it "
                          "before it is chosen (--variants all judges every variant on every case)")
-    return OptimizeResult(tuple(final), best, best_path, threads, timed_at=timed_at, judged_on=judged)
+    return OptimizeResult(tuple(final), best, best_path, threads, timed_at=timed_at, judged_on=judged,
+                          timing=RESIDENT if device == "cuda" else PER_CALL)
 
 
 def screening_cases(loaded: LoadedModel, cases: Sequence[Case]) -> tuple[list[Case], list[Case]]:
@@ -512,7 +525,8 @@ def _build_all(plan: Plan, model_path: Path, vdir: Path, out: Path, ctx: BuildCo
 
     def run(name: str, say: Progress) -> Variant:
         timing.options.update({e.name: e.session_options for e in entries if e.session_options is not None})
-        step = replace(ctx, progress=say, built=dict(built), passed=dict(passed))
+        step = replace(ctx, progress=say, built=dict(built), passed=dict(passed),
+                       options={e.name: e.session_options for e in entries if e.session_options is not None})
         entry = _variant(name, model_path, vdir / f"{name}.onnx", out, step)
         entries.append(entry)
         if entry.path:
@@ -520,8 +534,9 @@ def _build_all(plan: Plan, model_path: Path, vdir: Path, out: Path, ctx: BuildCo
             files[name] = inside if inside.exists() else Path(entry.path)
             if entry.session_options in (None, SessionOptions.base(ctx.device)):
                 built[name] = files[name]
-                if entry.passed:
-                    passed[name] = files[name]
+            if entry.passed and (entry.session_options in (None, SessionOptions.base(ctx.device))
+                                 or name in GRAPH_BASES):  # a CUDA graph may capture it, with its options
+                passed[name] = files[name]
         return entry
 
     names = [n for n in ALL_VARIANTS if n in plan.build or n in plan.skipped]

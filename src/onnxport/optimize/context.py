@@ -64,6 +64,7 @@ class BuildContext:
     timed_at: dict | None = None  # the dim sizes the variants are timed at (TensorRT's opt profile shapes)
     built: Mapping[str, Path] = field(default_factory=dict)  # the variants written so far (fused+int8 reads fused)
     passed: Mapping[str, Path] = field(default_factory=dict)  # the files proven so far (cuda-graph picks one)
+    options: Mapping[str, SessionOptions] = field(default_factory=dict)  # the session options of those run otherwise
     fastest: Callable[[dict[str, Path]], str] | None = None  # the fastest of some files (a short timing)
     thorough: bool = False  # the user asked for variants by name or "all": every setting is tried, not the CPU's
 

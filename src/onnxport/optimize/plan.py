@@ -88,6 +88,9 @@ def default_plan(loaded: LoadedModel, device: str = "cpu", cpu_flags: Sequence[s
                                            "slower than fp16")
         if kind not in ("hf-transformer",):
             why["fused"] = "not built by default: no Hugging Face attention to fuse"
+            why["fp16-sdpa"] = "not built by default: no Hugging Face attention for the fused attention kernels"
+        if kind != "cnn":
+            why["fp16-nhwc"] = "not built by default: no image input (NHWC is a layout for convolutions)"
         why.update(dict.fromkeys(OPENVINO_VARIANTS, f"not built: {ov_variants.ON_THE_CPU}"))
         no_trt = tensorrt_missing(providers, tensorrt_loadable)
         if no_trt:

@@ -29,6 +29,22 @@ def _half(model: onnx.ModelProto) -> onnx.ModelProto:
                                     disable_shape_infer=init_bytes(model) > inline_limit())
 
 
+# ops of onnxruntime's default fp16 block list that the CUDA provider runs in fp16: kept fp32 they cost a Cast pair
+CUDA_FP16_OPS = ("TopK", "Min", "Max", "Upsample", "CumSum")
+
+
+def half_for_cuda(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """(the float16 conversion of ``model`` for the CUDA provider, the Casts it has): fp32 inputs and outputs kept
+    (``keep_io_types``: a Cast after each float input and before each float output, the model's contract
+    unchanged), and only the ops the CUDA provider has no fp16 kernel for left in fp32 (each costs a Cast pair)."""
+    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
+
+    blocked = [op for op in DEFAULT_OP_BLOCK_LIST if op not in CUDA_FP16_OPS]
+    half = convert_float_to_float16(model, keep_io_types=True, op_block_list=blocked,
+                                    disable_shape_infer=init_bytes(model) > inline_limit())
+    return half, sum(1 for n in half.graph.node if n.op_type == "Cast")
+
+
 def build_fp16(src: Path, dst: Path, ctx: BuildContext) -> BuildOutcome:
     """``fp16``: onnxruntime's float16 conversion with fp32 inputs and outputs (``keep_io_types``); on the GPU
     a Hugging Face transformer is fused for the GPU first (:func:`build_fp16_gpu`)."""

@@ -26,7 +26,8 @@ AUTO = "auto"  # the variants that can win for the model on the device (optimize
 VARIANTS = ("slim", "ort", "fused", "fp16", "int8", "fused+int8")
 # the CPU on OpenVINO (optional extra; optimize/openvino.py): built when named or planned ("auto"), not by "all"
 OPENVINO_VARIANTS = ("openvino", "openvino-bf16", "openvino-int8")
-GPU_VARIANTS = ("tf32", "tensorrt", "cuda-graph")  # --device cuda only: a file run with other provider options
+# --device cuda only: a file run with other provider options (fp16-nhwc: an fp16 file of its own, run in NHWC)
+GPU_VARIANTS = ("tf32", "fp16-nhwc", "fp16-sdpa", "tensorrt", "cuda-graph")
 ALL_VARIANTS = VARIANTS + OPENVINO_VARIANTS + GPU_VARIANTS
 
 Builder = Callable[..., Any]  # (src, dst, ctx) -> BuildOutcome; the ctx type is the kind's

@@ -169,6 +169,7 @@ class OptimizeResult:
     ort_level: str = ORT_LEVEL
     timed_at: dict = field(default_factory=dict)  # the dim sizes the winner was chosen at (batch 1)
     judged_on: dict = field(default_factory=dict)  # the case labels every variant was judged on, and those left out
+    timing: str | None = None  # how the variants were timed (report ``best.timing``; bench/resident.py)
 
     def to_list(self) -> list[dict]:
         """report.json ``variants[]``."""

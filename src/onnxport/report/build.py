@@ -170,6 +170,7 @@ def build_report(o: Outcome) -> dict:
         rep["best"] = None if best is None else {"name": best.name, "path": "best.onnx", "speedup": best.speedup,
                                                  "timed_at": o.optimized.timed_at,
                                                  "judged_on": o.optimized.judged_on,
+                                                 **({"timing": o.optimized.timing} if o.optimized.timing else {}),
                                                  "session_options": {} if options is None else options.to_dict()}
     for name, section in o.sections.items():  # the records a family keeps that the contract has no field for
         rep[name] = section.to_dict()

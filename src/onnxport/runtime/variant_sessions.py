@@ -35,7 +35,8 @@ TRT_WORKSPACE = 2 * 1024**3
 MAX_GRAPH_SHAPES = 16  # CUDA-graph sessions kept per file (one per input shape)
 _GRAPH_KEYS = ("enable_cuda_graph", "io_binding", "graph_per_shape")
 _PROFILE_KEYS = ("trt_profile_min_shapes", "trt_profile_opt_shapes", "trt_profile_max_shapes")
-_FLAGS = ("trt_fp16_enable", "trt_engine_cache_enable", "trt_timing_cache_enable", "use_tf32", *_GRAPH_KEYS)
+_FLAGS = ("trt_fp16_enable", "trt_engine_cache_enable", "trt_timing_cache_enable", "use_tf32", "prefer_nhwc",
+          *_GRAPH_KEYS)
 
 
 # --------------------------------------------------------------------------- recorded options
@@ -66,6 +67,8 @@ class SessionOptions:
     trt_profile_max_shapes: str | None = None
     inference_precision: str | None = None  # provider "openvino": the precision it compiles at ("f32", "bf16")
     performance_hint: str | None = None  # provider "openvino": its PERFORMANCE_HINT ("LATENCY")
+    prefer_nhwc: bool | None = None  # the CUDA provider runs Conv, pooling and normalization in NHWC
+    sdpa_kernel: int | None = None  # the CUDA provider's attention kernels allowed (AttentionBackend bits)
     extra: tuple[tuple[str, Any], ...] = ()  # keys this version does not know, kept as they were read
 
     @classmethod
@@ -139,6 +142,10 @@ def providers_for(options: Mapping | SessionOptions | None, out_dir: str | Path 
     cuda = gpu.cuda_options()
     if rec.enable_cuda_graph and rec.provider == CUDA:
         cuda["enable_cuda_graph"] = "1"
+    if rec.prefer_nhwc:
+        cuda["prefer_nhwc"] = "1"
+    if rec.sdpa_kernel is not None:
+        cuda["sdpa_kernel"] = str(int(rec.sdpa_kernel))
     chain: list = []
     if rec.provider == TENSORRT:
         trt = gpu.tensorrt_options()
@@ -240,8 +247,10 @@ class GraphSessions:
     def get_providers(self):
         return self._meta.get_providers()
 
-    def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any], run_options: Any = None) -> list:
-        """The outputs of ``feeds`` (``run_options`` is not used: a captured graph takes none)."""
+    def captured(self, feeds: Mapping[str, Any]) -> _Captured:
+        """The session of the input shape of ``feeds`` with its bound buffers (opened and bound at a new shape;
+        its graph is captured at its first runs). A timing replays ``runner.session.run_with_iobinding(
+        runner.binding)`` alone (onnxport.bench.resident)."""
         arrays = {k: np.asarray(v) for k, v in feeds.items()}
         key = tuple(sorted((k, a.shape, a.dtype.str) for k, a in arrays.items()))
         runner = self.by_shape.get(key)
@@ -254,6 +263,12 @@ class GraphSessions:
             sess = self._meta if not self.by_shape else self._open()
             runner = _Captured(sess, arrays, shapes, self.device, self.device_id)
             self.by_shape[key] = runner
+        return runner
+
+    def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any], run_options: Any = None) -> list:
+        """The outputs of ``feeds`` (``run_options`` is not used: a captured graph takes none)."""
+        arrays = {k: np.asarray(v) for k, v in feeds.items()}
+        runner = self.captured(arrays)
         outs = runner.run(arrays)
         return outs if not output_names else [outs[runner.names.index(n)] for n in output_names]
 
