@@ -1,18 +1,24 @@
-"""Every model torchvision ships, by name through the CLI with random weights and nothing downloaded:
-``onnxport export torchvision:NAME`` with no ``--input``, each under a time limit. Writes, per model, proven or
-the one-line reason, the exporter that won and the seconds; models over ``--max-params`` (too large for a
-sweep on 2 cores) are listed as such, not built.
+"""Every model a vision library ships, by name through the CLI with random weights and nothing downloaded:
+``onnxport export torchvision:NAME`` (every model of ``torchvision.models.list_models()``) or ``timm:NAME`` (one
+model per timm architecture module, its smallest variant) with no ``--input``, one at a time under a time and a
+memory limit. Writes, per model, proven or the one-line reason, the exporter that won, the seconds and the
+parameters, rewriting the results file after each model (a sweep cut short leaves an honest partial file);
+models over ``--max-params`` (too large for a sweep on 2 cores) are listed as such, not exported.
 
-    .venv/bin/python benchmarks/catalogue.py                         # every model; writes the results file
+    .venv/bin/python benchmarks/catalogue.py                         # every torchvision model
+    .venv/bin/python benchmarks/catalogue.py --library timm --timeout 180
     .venv/bin/python benchmarks/catalogue.py --only r3d_18 --only maxvit_t --timeout 300
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -20,18 +26,16 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results" / "catalogue.json"
 OUTCOMES = {0: "proven", 1: "not proven", 2: "refused", 3: "export failed", 4: "environment"}
 
 
-def names(only: list[str]) -> list[str]:
+def torchvision_names() -> list[str]:
     import torchvision
 
-    known = torchvision.models.list_models()
-    return [n for n in known if not only or n in only] + [n for n in only if n not in known]
+    return torchvision.models.list_models()
 
 
-def parameters(name: str) -> int | None:
+def torchvision_parameters(name: str) -> int | None:
     """The parameter count torchvision's weights record for ``name`` (nothing downloaded), None if unknown."""
     import torchvision
 
@@ -42,64 +46,149 @@ def parameters(name: str) -> int | None:
         return None
 
 
-def one(name: str, work: Path, timeout: float, max_params: int) -> dict:
-    count = parameters(name)
+def meta_parameters(name: str) -> int | None:
+    """The parameter count of timm's ``name`` built on the meta device (no memory, no weights), None if it
+    cannot be built there."""
+    import timm
+    import torch
+
+    try:
+        with torch.device("meta"):
+            model = timm.create_model(name, pretrained=False)
+    except Exception:  # noqa: BLE001 - a model that will not build on meta: count unknown
+        return None
+    return sum(p.numel() for p in model.parameters())
+
+
+def timm_names() -> list[str]:
+    """One model per timm architecture module: the one with the fewest parameters (ties: the first name)."""
+    import timm
+
+    picked = []
+    for module in sorted(timm.list_modules()):
+        counted = [(meta_parameters(n), n) for n in timm.list_models(module=module)]
+        known = [(c, n) for c, n in counted if c is not None] or [(0, n) for _, n in counted]
+        if known:
+            picked.append(min(known)[1])
+    return picked
+
+
+LIBRARIES = {"torchvision": (torchvision_names, torchvision_parameters),
+             "timm": (timm_names, meta_parameters)}
+
+
+def _run(cmd: list[str], timeout: float, max_rss: int) -> tuple[int | None, str, str, float]:
+    """Run ``cmd`` in its own process group, killed past ``timeout`` CPU seconds (the machine is shared: wall
+    time says more about the neighbours than the model; four times as many wall seconds stop a hang) or
+    ``max_rss`` bytes resident (the whole tree): (exit code or None, stdout+stderr, why it was killed or "",
+    CPU seconds)."""
+    import resource
+
+    import psutil
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        end, why, cpu = time.monotonic() + 4 * timeout, "", 0.0
+        while proc.poll() is None:
+            try:
+                tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+                rss = sum(p.memory_info().rss for p in tree)
+                cpu = max(cpu, sum(sum(p.cpu_times()[:4]) for p in tree))
+            except psutil.Error:
+                rss = 0
+            if rss > max_rss:
+                why = f"over {max_rss / 2**30:.0f} GiB resident"
+            elif cpu > timeout or time.monotonic() > end:
+                why = f"timeout ({timeout:.0f} CPU seconds)" if cpu > timeout else f"timeout ({4 * timeout:.0f} s)"
+            if why:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                break
+            time.sleep(0.5)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = max(cpu, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+        log.seek(0)
+        return (None if why else proc.returncode), log.read(), why, cpu
+
+
+def one(library: str, name: str, work: Path, timeout: float, max_params: int, max_rss: int) -> dict:
+    count = LIBRARIES[library][1](name)
     row: dict = {"name": name, "parameters": count}
     if count is not None and count > max_params:
         return {**row, "outcome": "too large", "line": f"{count:,} parameters, over {max_params:,} for a sweep"}
     out = work / f"out-{name}"
-    cmd = [sys.executable, "-m", "onnxport", "export", f"torchvision:{name}", "-o", str(out), "--force"]
+    cmd = [sys.executable, "-m", "onnxport", "export", f"{library}:{name}", "-o", str(out), "--force"]
     t = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {**row, "outcome": "timeout", "seconds": timeout}
-    row.update(outcome=OUTCOMES.get(proc.returncode, "crashed"), exit=proc.returncode,
-               seconds=round(time.perf_counter() - t, 1))
+    code, said, why, cpu = _run(cmd, timeout, max_rss)
+    row.update(seconds=round(time.perf_counter() - t, 1), cpu_seconds=round(cpu, 1))
+    if code is None:
+        return {**row, "outcome": "timeout" if why.startswith("timeout") else "out of memory", "line": why}
+    row.update(outcome=OUTCOMES.get(code, "crashed"), exit=code)
     try:
         report = json.loads((out / "report.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         report = {}
     row["exporter"] = (report.get("export") or {}).get("exporter")
+    if report.get("timings"):
+        row["timings"] = {k: round(v, 1) for k, v in report["timings"].items()}
     warned = [d["code"] for d in report.get("diagnostics") or [] if d.get("severity") == "warning"]
     if warned:
         row["warnings"] = warned
-    if proc.returncode:
-        lines = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
-        said = [ln for ln in lines if ln.startswith(("error", "Error"))] or lines
-        row["line"] = (said[0] if said else "")[:400]
+    if code:
+        lines = [ln.strip() for ln in said.splitlines() if ln.strip()]
+        errors = [ln for ln in lines if ln.startswith(("error", "Error"))] or lines
+        row["line"] = (errors[0] if errors else "")[:400]
     shutil.rmtree(out, ignore_errors=True)
     return row
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", action="append", default=[], help="a model name (repeatable); default: every one")
-    ap.add_argument("--timeout", type=float, default=600, help="seconds per model")
-    ap.add_argument("--max-params", type=int, default=150_000_000, help="larger models are listed, not built")
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    args = ap.parse_args()
+def write(args: argparse.Namespace, rows: list[dict], total: int) -> dict[str, int]:
     import torch
-    import torchvision
 
-    work = Path(tempfile.mkdtemp(prefix="catalogue-"))
-    rows = []
-    try:
-        for name in names(args.only):
-            rows.append(one(name, work, args.timeout, args.max_params))
-            print(json.dumps(rows[-1]), flush=True)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
+    versions = {"torch": torch.__version__}
+    for lib in ("torchvision", "timm"):
+        with contextlib.suppress(ImportError):
+            versions[lib] = __import__(lib).__version__
+    previous = json.loads(args.out.read_text(encoding="utf-8")) if args.resume and args.out.is_file() else {}
     result = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "created_at": time.strftime("%Y-%m-%d"),
-              "machine": f"{platform.machine()}, {platform.processor() or ''}".strip(", "),
-              "torch": torch.__version__, "torchvision": torchvision.__version__, "timeout_s": args.timeout,
-              "summary": counts, "models": rows}
+              "machine": f"{platform.machine()}, {os.cpu_count()} cores", **versions,
+              "timeout_s": args.timeout, "swept": f"{len(rows)} of {total}", "summary": counts,
+              **{k: previous[k] for k in ("refusals_checked", "notes") if k in previous}, "models": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    print(json.dumps(counts))
+    return counts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--library", choices=sorted(LIBRARIES), default="torchvision")
+    ap.add_argument("--only", action="append", default=[], help="a model name (repeatable); default: every one")
+    ap.add_argument("--timeout", type=float, default=600, help="CPU seconds per model (4x as many wall seconds)")
+    ap.add_argument("--max-params", type=int, default=150_000_000, help="larger models are listed, not built")
+    ap.add_argument("--max-gib", type=float, default=8, help="a model's export killed past this resident memory")
+    ap.add_argument("--resume", action="store_true", help="keep the rows already in --out; sweep the rest")
+    ap.add_argument("--out", type=Path, help="default: results/catalogue_LIBRARY.json")
+    args = ap.parse_args()
+    args.out = args.out or HERE / "results" / f"catalogue_{args.library}.json"
+    known = LIBRARIES[args.library][0]() if not args.only or args.library == "torchvision" else []
+    todo = [n for n in known if not args.only or n in args.only] + [n for n in args.only if n not in known]
+    rows = []
+    if args.resume and args.out.is_file():
+        rows = [r for r in json.loads(args.out.read_text(encoding="utf-8"))["models"] if r["name"] in todo]
+    done = {r["name"] for r in rows}
+    work = Path(tempfile.mkdtemp(prefix="catalogue-"))
+    try:
+        for name in [n for n in todo if n not in done]:
+            rows.append(one(args.library, name, work, args.timeout, args.max_params, int(args.max_gib * 2**30)))
+            print(json.dumps(rows[-1]), flush=True)
+            write(args, rows, len(todo))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(write(args, rows, len(todo))))
 
 
 if __name__ == "__main__":
