@@ -25,6 +25,7 @@ def files(tmp_path_factory) -> Path:
     (d / "garbage.onnx").write_text("this is not protobuf")
     (d / "empty.onnx").write_bytes(b"")
     (d / "exits.py").write_text("import sys\nsys.exit(3)\n")
+    (d / "os_exits.py").write_text("import os\nos._exit(0)\n")  # no SystemExit: ends the process unless trapped
     (d / "syntax.py").write_text("class Net(\n")
     (d / "importerr.py").write_text("import onnxport_no_such_package\n")
     (d / "raises.py").write_text("raise RuntimeError('boom at import')\n")
@@ -56,6 +57,8 @@ CASES = [
     ("model file missing", ["export", "{d}/missing.py:Net", *X, "-o", "{d}/o1"], 2, "not found"),
     ("class missing", ["export", f"{MODELS}:NoSuchNet", *X, "-o", "{d}/o2"], 2, "NoSuchNet"),
     ("model file exits at import", ["export", "{d}/exits.py:Net", *X, "-o", "{d}/o3"], 2, "exit"),
+    ("model file os._exit(0) at import", ["export", "{d}/os_exits.py:Net", *X, "-o", "{d}/o3b"], 2,
+     "calls os._exit(0) while it is imported"),
     ("model file syntax error", ["export", "{d}/syntax.py:Net", *X, "-o", "{d}/o4"], 2, "syntax"),
     ("model file import error", ["export", "{d}/importerr.py:Net", *X, "-o", "{d}/o5"], 2, "import"),
     ("model file raises at import", ["export", "{d}/raises.py:Net", *X, "-o", "{d}/o6"], 2, "RuntimeError"),

@@ -158,6 +158,8 @@ def odd_files(tmp_path_factory) -> Path:
     np.savez(d / "nan.npz", x=np.full((4, 8), np.nan, dtype=np.float32))
     (d / "exits.py").write_text("import sys, torch\nclass Net(torch.nn.Module):\n"
                                 "    def forward(self, x):\n        sys.exit(0)\n")
+    (d / "os_exits.py").write_text("import os, torch\nclass Net(torch.nn.Module):\n"
+                                   "    def forward(self, x):\n        os._exit(0)\n")
     return d
 
 
@@ -175,6 +177,7 @@ BAD = [
     ("read-only out", ["export", MLP, *X, "-o", "{d}/readonly"], {}, "cannot write into"),
     ("dangling out", ["export", MLP, *X, "-o", "{d}/dangling"], {}, "does not exist"),
     ("sys.exit in forward", ["export", "{d}/exits.py:Net", *X], {}, "sys.exit(0)"),
+    ("os._exit in forward", ["export", "{d}/os_exits.py:Net", *X], {}, "called os._exit(0)"),
     ("nan samples", ["export", MLP, *X, "--samples", "{d}/nan.npz"], {}, "NaN"),
     ("a folder to check", ["check", "{d}"], {}, "is a folder"),
 ]

@@ -46,3 +46,23 @@ def test_after_the_run_a_signal_changes_nothing(monkeypatch, capsys):
         main()
     assert done.value.code == 2
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN and signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+
+
+def test_the_plan_names_the_variable_its_cpu_features_came_from(monkeypatch):
+    """The features given by $ONNXPORT_CPU_FLAGS are named as such, never as what /proc/cpuinfo holds."""
+    from onnxport.optimize.plan import _openvino_plan
+    from onnxport.runtime.openvino import bf16_missing
+
+    monkeypatch.setenv("ONNXPORT_CPU_FLAGS", "avx2,fma")
+    said = bf16_missing(["avx2", "fma"])
+    assert "ONNXPORT_CPU_FLAGS='avx2,fma'" in said and "/proc/cpuinfo" not in said
+    why: dict[str, str] = {}
+    _openvino_plan(why, "attention", ["avx2", "fma"], calibrated=False)
+    assert any("ONNXPORT_CPU_FLAGS='avx2,fma'" in w for w in why.values()), why
+    assert not any("/proc/cpuinfo" in w or "this CPU" in w for w in why.values()), why
+    monkeypatch.setenv("ONNXPORT_CPU_FLAGS", "avx512f,avx512_bf16")
+    why = {}
+    _openvino_plan(why, "attention", ["avx512f", "avx512_bf16"], calibrated=False)
+    assert not any("this CPU" in w for w in why.values()), why
+    monkeypatch.delenv("ONNXPORT_CPU_FLAGS")
+    assert "in /proc/cpuinfo" in bf16_missing(["avx2"]) and bf16_missing(["avx2"]).startswith("this CPU")

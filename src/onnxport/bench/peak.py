@@ -97,7 +97,7 @@ def measure_gemm(threads: int, size: int = PEAK_SIZE, repeats: int = PEAK_REPEAT
             "by_method": {k: round(v, 2) for k, v in results.items()}, "by_precision": by_precision,
             "precision_methods": {"int8": "onnxruntime MatMulInteger (uint8 x int8)",
                                   "bf16": "torch.mm (bfloat16)" if native_bf16
-                                  else "not measured: this CPU has no native bf16 (AVX512-BF16 / AMX-BF16)"},
+                                  else f"not measured: {environment.this_cpu()} has no native bf16 (AVX512-BF16 / AMX-BF16)"},
             "size": size, "repeats": repeats, "threads": threads,
             "seconds": round(time.perf_counter() - t_start, 2),
             "measured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}

@@ -36,7 +36,7 @@ from onnxport.cli.groups import (
     takes,
 )
 from onnxport.cli.render import err, print_report, print_summary
-from onnxport.core import signals
+from onnxport.core import exits, signals
 from onnxport.core.errors import (
     EXIT_EXPORT_FAILED,
     EXIT_OK,
@@ -77,16 +77,18 @@ def _guard(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            with exits.trapped():
+                return fn(*args, **kwargs)
         except OnnxportError as e:
             hint = f" Hint: {e.hint}" if e.hint else ""
             err.print(f"[bold red]error:[/] {escape(e.message)}.{escape(hint)}", markup=True)
             raise typer.Exit(e.exit_code) from None
         except typer.Exit:
             raise
-        except SystemExit as e:  # sys.exit() in the model's own code: not a result
-            err.print(f"[bold red]error:[/] the model's code called sys.exit({escape(str(e.code))}) while onnxport "
-                      "ran it. Hint: remove the sys.exit() from the module or forward(); nothing was written.",
+        except SystemExit as e:  # sys.exit() or os._exit() in the model's own code: not a result
+            call = "os._exit" if isinstance(e, exits.ProcessExit) else "sys.exit"
+            err.print(f"[bold red]error:[/] the model's code called {call}({escape(str(e.code))}) while onnxport "
+                      f"ran it. Hint: remove the {call}() from the module or forward(); nothing was written.",
                       markup=True)
             raise typer.Exit(EXIT_USAGE) from None
         except signals.Stopped as e:

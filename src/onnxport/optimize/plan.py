@@ -42,7 +42,7 @@ from onnxport.optimize import openvino as ov_variants
 from onnxport.optimize.fusion import transformer_params
 from onnxport.optimize.gpu import tensorrt_missing
 from onnxport.optimize.result import ALL_VARIANTS, OPENVINO_VARIANTS, VARIANTS, SkipReason
-from onnxport.runtime.environment import int8_dot
+from onnxport.runtime.environment import int8_dot, this_cpu
 from onnxport.sources.base import LoadedModel
 
 FP16_FLAGS = ("asimdhp",)  # CPU features onnxruntime's CPU provider has fp16 matmul kernels for (Arm fp16)
@@ -128,17 +128,17 @@ def _openvino_plan(why: dict[str, str], kind: str, cpu_flags: Sequence[str], cal
             why[name] = f"not built: {found[0]}"
             cannot.add(name)
     if "openvino" not in why and "openvino-bf16" not in why:
-        why["openvino"] = ("not built by default: this CPU has native bf16, so openvino-bf16 is built; OpenVINO at "
+        why["openvino"] = (f"not built by default: {this_cpu()} has native bf16, so openvino-bf16 is built; OpenVINO at "
                            "f32 computes the same graph at fp32, never faster")
     if "openvino-int8" not in why and kind == "cnn" and not calibrated:
         why["openvino-int8"] = ("not built by default: int8 of a CNN needs calibration images (--samples); "
                                 "generated inputs are no images")
     if "openvino-int8" not in why and "openvino-bf16" not in why:
-        why["openvino-int8"] = ("not built by default: this CPU has native bf16, and openvino-bf16 (no calibration) "
+        why["openvino-int8"] = (f"not built by default: {this_cpu()} has native bf16, and openvino-bf16 (no calibration) "
                                 "is built; NNCF's calibration and accuracy search cost more than the default "
                                 "--budget, for a gain over bf16 that depends on the model")
     if "openvino-int8" not in why and int8_dot(cpu_flags) is None:
-        why["openvino-int8"] = ("not built by default: this CPU has no int8 dot-product instructions (no AVX-512 "
+        why["openvino-int8"] = (f"not built by default: {this_cpu()} has no int8 dot-product instructions (no AVX-512 "
                                 "VNNI, AVX-VNNI or AMX-INT8), so OpenVINO's int8 gains nothing over ONNX Runtime's "
                                 "int8 and its calibration costs minutes")
     return frozenset(cannot)

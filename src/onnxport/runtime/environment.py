@@ -88,6 +88,18 @@ def cpu() -> dict:
             "flags_from": CPU_FLAGS_ENV}
 
 
+def flags_from() -> str:
+    """Where the CPU features a plan's messages name come from: ``/proc/cpuinfo``, or $ONNXPORT_CPU_FLAGS with its
+    value where it is set (then the plan is made for the CPU it describes, not this one)."""
+    forced = os.environ.get(CPU_FLAGS_ENV)
+    return "/proc/cpuinfo" if forced is None else f"{CPU_FLAGS_ENV}={forced[:60]!r}"
+
+
+def this_cpu() -> str:
+    """'this CPU', or 'the CPU $ONNXPORT_CPU_FLAGS describes' (with its value) where it is set."""
+    return "this CPU" if os.environ.get(CPU_FLAGS_ENV) is None else f"the CPU {flags_from()} describes"
+
+
 def forced_cpu_flags() -> list[str] | None:
     """The features $ONNXPORT_CPU_FLAGS plans by (None: unset); a UsageError naming the variable where it is
     empty or names something that is no feature onnxport plans by."""

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from onnxport.core.errors import UsageError
+from onnxport.runtime.environment import flags_from, this_cpu
 
 OPENVINO = "openvino"  # the ``provider`` a variant run by OpenVINO records (report ``session_options``)
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # CPU features with native bf16 arithmetic
@@ -52,7 +53,7 @@ def bf16_missing(cpu_flags: Sequence[str]) -> str | None:
     """Why this CPU cannot run bf16 natively (None: it has AVX-512 BF16 or AMX-BF16)."""
     if any(f in cpu_flags for f in BF16_FLAGS):
         return None
-    return "this CPU has no native bf16 arithmetic (no AVX512_BF16/AMX_BF16 in /proc/cpuinfo)"
+    return f"{this_cpu()} has no native bf16 arithmetic (no AVX512_BF16/AMX_BF16 in {flags_from()})"
 
 
 @dataclass(frozen=True)

@@ -280,22 +280,42 @@ def _requested_outputs(header: dict, params: dict, sig: Signature) -> tuple[tupl
 
 
 ORJSON_DTYPES = frozenset("?bBhHiIlLqQefd")  # numpy kinds orjson writes itself (bool, ints, float16/32/64)
+NON_FINITE_WORDS = ("NaN", "Infinity", "-Infinity")  # proto3's JSON mapping of a float's non-finite values
+
+
+def _finite_or_words(array: np.ndarray) -> np.ndarray | list:
+    """``array`` itself where it is all finite, else its values as a list with NaN, +inf and -inf written as
+    the strings "NaN", "Infinity" and "-Infinity": how proto3's JSON mapping writes them (the v2 protocol's
+    gRPC messages), which strict JSON parsers accept and ``np.array(data, dtype)`` (tritonclient's
+    ``as_numpy``) reads back as the same values. JSON itself has no number for them."""
+    if array.dtype.kind != "f" or bool(np.isfinite(array).all()):
+        return array
+    flat = array.ravel()
+    values = flat.tolist()
+    for i in np.flatnonzero(~np.isfinite(flat)).tolist():
+        v = values[i]
+        values[i] = NON_FINITE_WORDS[0] if v != v else NON_FINITE_WORDS[1] if v > 0 else NON_FINITE_WORDS[2]
+    return values
 
 
 def dumps(body: dict) -> bytes:
-    """A response body as JSON, tensors' ``data`` given as numpy arrays: by orjson straight from the arrays
-    (a 48 MB answer in a fraction of the json module's time, so the event loop is not held), by the json module
-    where an array holds NaN or Infinity (orjson would write null; the protocol's JSON keeps them) or a dtype
-    orjson does not write."""
-    arrays = [t["data"] for t in body.get("outputs", ()) if isinstance(t.get("data"), np.ndarray)]
-    if all(a.dtype.char in ORJSON_DTYPES and (a.dtype.kind != "f" or bool(np.isfinite(a).all())) for a in arrays):
+    """A response body as strict JSON, tensors' ``data`` given as numpy arrays: by orjson straight from the
+    arrays (a 48 MB answer in a fraction of the json module's time, so the event loop is not held); an array
+    holding NaN or Infinity has those written as strings (:func:`_finite_or_words`), never as the bare ``NaN``
+    no JSON parser has to accept; the json module for a dtype orjson does not write."""
+    outputs = [{**t, "data": _finite_or_words(t["data"])} if isinstance(t.get("data"), np.ndarray) else t
+               for t in body.get("outputs", ())]
+    if "outputs" in body:
+        body = {**body, "outputs": outputs}
+    arrays = [t["data"] for t in outputs if isinstance(t.get("data"), np.ndarray)]
+    if all(a.dtype.char in ORJSON_DTYPES for a in arrays):
         try:
             return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
         except TypeError:
             pass
     plain = {**body, "outputs": [{**t, "data": t["data"].tolist()} if isinstance(t.get("data"), np.ndarray) else t
-                                 for t in body.get("outputs", ())]}
-    return json.dumps(plain, separators=(",", ":"), allow_nan=True).encode()
+                                 for t in outputs]}
+    return json.dumps(plain, separators=(",", ":"), allow_nan=False).encode()
 
 
 def encode(model: str, version: str, request: InferRequest, outputs: dict[str, np.ndarray],

@@ -14,6 +14,7 @@ from typing import Any
 from torch import nn
 
 from onnxport.core.errors import SourceError, UsageError
+from onnxport.core.exits import ProcessExit
 from onnxport.core.spec import Dim, InputSpec
 from onnxport.sources.base import LoadedModel, load_weights
 from onnxport.sources.finish import Finishing, ensure_module, finish
@@ -147,9 +148,10 @@ def import_file(path_text: str, what: str = "model file"):
     except ImportError as e:
         sys.modules.pop(name, None)
         raise SourceError(f"{path} fails to import: {e}", "install the missing package or fix the import") from None
-    except SystemExit as e:
+    except SystemExit as e:  # sys.exit(), or os._exit() where the CLI traps it (core.exits)
         sys.modules.pop(name, None)
-        raise SourceError(f"{path} calls exit({e.code!r}) while it is imported",
+        call = "os._exit" if isinstance(e, ProcessExit) else "exit"
+        raise SourceError(f"{path} calls {call}({e.code!r}) while it is imported",
                           "put the script part of the file under `if __name__ == \"__main__\":`") from None
     except Exception as e:  # noqa: BLE001
         sys.modules.pop(name, None)
