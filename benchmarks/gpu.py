@@ -1,5 +1,5 @@
 """GPU benchmark: PyTorch (eager fp32, eager fp16, torch.compile reduce-overhead fp16) against onnxport's proven
-variants (fp32, tf32, fp16, fp16 + CUDA graph, the chosen best) on a MiniLM-shaped BERT (random weights) at
+variants (fp32, tf32, fp16, fp16-nhwc, fp16-sdpa, fp16 + CUDA graph, the chosen best) on a MiniLM-shaped BERT (random weights) at
 1×128 and 32×128 and on resnet18 (``weights=None``) at batch 1 and 64.
 
 Timing: each callable is warmed up, then run ``--runs`` times (200), each run between two
@@ -84,6 +84,18 @@ def resnet18():
     return torchvision.models.resnet18(weights=None).eval()
 
 
+def tiny_cnn():
+    """A small convolutional classifier on 32×32 images (conv, batch norm, pooling): benchmarks/gpu_check.py's
+    CPU smoke serves it."""
+    import torch
+
+    torch.manual_seed(0)
+    nn = torch.nn
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(16, 10)).eval()
+
+
 @dataclass(frozen=True)
 class Case:
     """One model and the (batch, seq) sizes it is timed at."""
@@ -94,6 +106,7 @@ class Case:
     dims: tuple[str, ...]
     sizes: tuple[tuple[int, int | None], ...]
     seq: int | None
+    side: int = 224  # an image model's height and width
 
 
 GPU_CASES = (
@@ -101,6 +114,7 @@ GPU_CASES = (
          ("batch=1..64", "seq=1..128"), ((1, 128), (32, 128)), 128),
     Case("resnet18", "resnet18", ("x:float32[batch,3,224,224]",), ("batch=1..64",), ((1, None), (64, None)), None),
 )
+SMOKE_CNN = Case("cnn", "tiny_cnn", ("x:float32[batch,3,32,32]",), ("batch=1..8",), ((1, None),), None, 32)
 SMOKE_CASES = (
     Case("bert", "tiny_bert", (f"input_ids:int64[batch,seq]{{0..{VOCAB - 1}}}", "attention_mask:int64[batch,seq]{1..1}"),
          ("batch=1..4", "seq=1..16"), ((1, 8),), 8),
@@ -128,8 +142,8 @@ def median_ms(step: Callable[[], object], runs: int, warmup: int, sync: Callable
 def feeds_for(case: Case, batch: int, seq: int | None) -> dict[str, np.ndarray]:
     """Inputs at one size: token ids and an all-ones mask, or an image batch."""
     rng = np.random.default_rng(0)
-    if case.key == "resnet18":
-        return {"x": rng.standard_normal((batch, 3, 224, 224), dtype=np.float32)}
+    if case.seq is None:
+        return {"x": rng.standard_normal((batch, 3, case.side, case.side), dtype=np.float32)}
     return {"input_ids": rng.integers(0, VOCAB, (batch, seq), dtype=np.int64),
             "attention_mask": np.ones((batch, seq), dtype=np.int64)}
 
@@ -207,6 +221,9 @@ def onnx_variants(report: dict, out: Path, device: str) -> dict[str, tuple[Path,
     rows: dict[str, tuple[Path, dict] | str] = {"onnxport fp32": row("export", base)}
     rows["onnxport tf32"] = row("tf32") if device == "cuda" else "n/a on the CPU"
     rows["onnxport fp16"] = row("fp16", base)
+    if device == "cuda":  # each with its recorded options: NHWC for a CNN, the attention kernels for an encoder
+        for name in ("fp16-nhwc", "fp16-sdpa"):
+            rows[f"onnxport {name}"] = row(name)
     graph = {**base, "enable_cuda_graph": True, "io_binding": True, "graph_per_shape": True}
     rows["onnxport fp16 + CUDA graph"] = row("fp16", graph)
     best = report.get("best")
@@ -220,7 +237,7 @@ def onnx_variants(report: dict, out: Path, device: str) -> dict[str, tuple[Path,
 
 def measure_case(case: Case, work: Path, device: str, runs: int, warmup: int, smoke: bool) -> list[dict]:
     """Every row of one model at each of its sizes."""
-    variants = ["fp16"] if smoke else ["fp16", "tf32", "cuda-graph"]
+    variants = ["fp16"] if smoke else ["fp16", "tf32", "fp16-nhwc", "fp16-sdpa", "cuda-graph"]
     out = work / case.key
     report = convert(case, out, device, variants)
     rows = onnx_variants(report, out, device)

@@ -88,6 +88,26 @@ def test_gpu_on_the_cpu(tmp_path):
     assert row["ms"]["onnxport fp32"] > 0 and row["ms"]["torch eager fp32"] > 0
 
 
+@pytest.mark.slow
+def test_gpu_check_on_the_cpu(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    proc = bench("gpu_check.py", "--cpu-smoke", "--runs", "3", "--json", str(out), "--work", str(tmp_path / "w"))
+    result = json.loads(out.read_text())
+    (row,) = result["points"]
+    assert (row["model"], row["batch"]) == ("cnn", 1) and row["ms"]["onnxport fp32"] > 0
+    versus = {r["variant"]: r for r in result["cli_vs_harness"]}
+    assert versus["export"]["cli_ms"] > 0 and versus["export"]["harness_ms"] > 0 and "ratio" in versus["export"]
+    serve = result["serve"]
+    assert serve["requests"] == 64 and serve["wrong"] == 0 and serve["requests_per_s"] > 0, serve
+    assert result["families"] and "CLI table vs harness" in proc.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the script runs the real benchmark")
+def test_gpu_check_without_cuda_says_so():
+    proc = bench("gpu_check.py")
+    assert "needs a CUDA GPU" in proc.stdout and "Traceback" not in proc.stderr
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the script runs the real benchmark")
 def test_gpu_without_cuda_says_so():
     proc = bench("gpu.py")

@@ -51,10 +51,12 @@ class Batcher:
     """One worker per model: takes queued requests, concatenates compatible ones along axis 0 (up to
     ``max_batch`` rows, waiting at most ``max_delay_ms`` for requests that have arrived but are still being
     decoded), runs them in a thread and splits the outputs back. Requests queue up while a batch runs, so
-    batches grow with load. With ``batched=False`` every request runs alone (one at a time, in order)."""
+    batches grow with load. With ``batched=False`` every request runs alone (one at a time, in order).
+    ``pipeline``: batches in flight at once, each in its own thread (2 on a GPU: one computes while the next is
+    formed and copied in; ``run`` must then be thread-safe, as an ONNX Runtime session is)."""
 
     def __init__(self, run: Callable[[Feeds], Outputs], *, batched: bool, max_batch: int, max_delay_ms: float,
-                 on_batch: Callable[[int, float], None] | None = None) -> None:
+                 on_batch: Callable[[int, float], None] | None = None, pipeline: int = 1) -> None:
         self._run = run
         self.batched = batched and max_batch > 1
         self.max_batch = max(1, max_batch)
@@ -64,7 +66,10 @@ class Batcher:
         self._incoming = 0  # announced requests not queued yet
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onnxport-infer")
+        self.pipeline = max(1, pipeline)
+        self._free = asyncio.Semaphore(self.pipeline)  # batches that may start now
+        self._running: set[asyncio.Task] = set()
+        self._executor = ThreadPoolExecutor(max_workers=self.pipeline, thread_name_prefix="onnxport-infer")
 
     def announce(self) -> None:
         """A request arrived and is being decoded: a forming batch may wait for it (up to max_delay_ms)."""
@@ -95,6 +100,8 @@ class Batcher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._running:  # batches already running are answered
+            await asyncio.gather(*self._running, return_exceptions=True)
         while self._pending:
             item = self._pending.popleft()
             if not item.future.done():
@@ -121,6 +128,7 @@ class Batcher:
             while not self._pending:
                 self._wakeup.clear()
                 await self._wakeup.wait()
+            await self._free.acquire()  # at most ``pipeline`` batches in flight; requests queue meanwhile
             first = self._pending[0]
             chosen = self._take(first)
             deadline = first.enqueued + self.max_delay
@@ -136,13 +144,23 @@ class Batcher:
             taken = {id(i) for i in chosen}
             self._pending = deque(i for i in self._pending if id(i) not in taken)
             chosen = [i for i in chosen if not i.future.done()]  # the client went away
-            try:
-                if chosen:
-                    await self._execute(loop, chosen)
-            except Exception as e:  # noqa: BLE001 - the worker must survive anything a batch does
-                for item in chosen:
-                    if not item.future.done():
-                        item.future.set_exception(InferenceError(f"inference failed: {type(e).__name__}: {e}"))
+            task = loop.create_task(self._batch(loop, chosen))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+            if self.pipeline == 1:
+                await task
+
+    async def _batch(self, loop: asyncio.AbstractEventLoop, chosen: list[_Item]) -> None:
+        """Run one batch and answer its requests; frees its place in the pipeline."""
+        try:
+            if chosen:
+                await self._execute(loop, chosen)
+        except Exception as e:  # noqa: BLE001 - the worker must survive anything a batch does
+            for item in chosen:
+                if not item.future.done():
+                    item.future.set_exception(InferenceError(f"inference failed: {type(e).__name__}: {e}"))
+        finally:
+            self._free.release()
 
     async def _execute(self, loop: asyncio.AbstractEventLoop, items: list[_Item]) -> None:
         start = time.perf_counter()

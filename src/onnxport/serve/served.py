@@ -19,6 +19,7 @@ from onnxport.families.serving import Bound, Extension, Outcome, bind, extension
 from onnxport.runtime.sessions import CPU, runtime_providers, session
 from onnxport.runtime.variant_sessions import is_openvino, open_for, providers_for, without_cuda_graph
 from onnxport.serve.batcher import Batcher, BatchStats, InferenceError, Outputs
+from onnxport.serve.device_run import PIPELINE, DeviceRunner, runs_on_cuda
 from onnxport.serve.models import DEFAULT_MAX_BATCH, DEFAULT_MAX_DELAY_MS, ModelSource, Signature, signature
 from onnxport.serve.protocol import BadRequest, InferRequest, decode, parse_body
 from onnxport.serve.triton import model_config
@@ -304,9 +305,10 @@ def device_options(source: ModelSource, device: str = "cpu", chain: list | None 
 
 
 def load(source: ModelSource, max_batch: int | None, max_delay_ms: float | None, metrics: Metrics,
-         runtime: RuntimeOptions = RuntimeOptions()) -> ServedModel:
+         runtime: RuntimeOptions = RuntimeOptions(), io_binding: bool | None = None) -> ServedModel:
     """Open ``source``'s session on ``runtime``'s device and its batcher (UsageError when its file is missing or
-    the limits are bad)."""
+    the limits are bad). ``io_binding``: batches run through IO binding with buffers kept on the session's
+    device, two in flight (serve/device_run.py); None: where the session runs on CUDA."""
     if not source.onnx_path.is_file():
         raise UsageError(f"model '{source.name}': {source.onnx_path} does not exist", "check the path")
     sig = signature(source.onnx_path)
@@ -325,6 +327,8 @@ def load(source: ModelSource, max_batch: int | None, max_delay_ms: float | None,
                                                            else DEFAULT_MAX_DELAY_MS)
     batchable = sig.batchable and batch_limit > 0
     output_names = [o.name for o in sig.outputs]
+    bound = runs_on_cuda(sess) if io_binding is None else io_binding and hasattr(sess, "io_binding")
+    device = "cuda" if runs_on_cuda(sess) else "cpu"
 
     def run(feeds: dict) -> dict:
         return dict(zip(output_names, sess.run(output_names, feeds)))
@@ -333,6 +337,8 @@ def load(source: ModelSource, max_batch: int | None, max_delay_ms: float | None,
         metrics.batch_size.labels(source.name).observe(rows)
         metrics.compute.labels(source.name).observe(seconds)
 
-    batcher = Batcher(run, batched=batchable, max_batch=batch_limit, max_delay_ms=delay, on_batch=on_batch)
+    batcher = Batcher(DeviceRunner(sess, output_names, device, runtime.gpu.device_id) if bound else run,
+                      batched=batchable, max_batch=batch_limit, max_delay_ms=delay, on_batch=on_batch,
+                      pipeline=PIPELINE if bound else 1)
     bound = bind(sig, source.onnx_path, source.layout)
     return ServedModel(source, sig, sess, batch_limit if batchable else 0, delay, batcher, Stats(), metrics, bound)
