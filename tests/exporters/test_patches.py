@@ -108,3 +108,40 @@ def test_the_traced_detector_transform_resizes_like_eager_with_the_patch(tmp_pat
         # the resized image itself (not only its padded batch): the same pixels, up to the resize kernel's rounding
         assert np.abs(got[..., :resized[0], :resized[1]] - want[..., :resized[0], :resized[1]]).max() < 1e-3
         assert not got[..., resized[0]:, :].any() and not got[..., resized[1]:].any()  # the padding
+
+
+class _Pool(nn.Module):
+    """AlexNet's and VGG's head: adaptive average pooling to 6 x 6, whatever the feature map's size."""
+
+    def __init__(self, size=(6, 6)) -> None:
+        super().__init__()
+        self.pool = nn.AdaptiveAvgPool2d(size)
+
+    def forward(self, x):
+        return self.pool(x)
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_adaptive_pooling_is_exported_for_every_size(tmp_path, exporter):
+    """Patched, the export pools right at sizes whose windows differ from the example's (13 -> 6 overlaps,
+    7 and 29 do not divide); a global pool is left to the exporter."""
+    model, path = _Pool().eval(), tmp_path / "pool.onnx"
+    with patches.applied(_loaded(model), exporter) as diags:
+        if exporter == "dynamo":
+            side = torch.export.Dim("side", min=6, max=64)
+            torch.onnx.export(model, (torch.randn(2, 3, 13, 13),), path, dynamo=True,
+                              dynamic_shapes=({2: side, 3: side},))
+        else:
+            torch.onnx.export(model, (torch.randn(2, 3, 13, 13),), path, dynamo=False, input_names=["x"],
+                              dynamic_axes={"x": {2: "h", 3: "w"}})
+    assert [d.code for d in diags] == ["export-patch"]
+    sess = ort.InferenceSession(str(path))
+    sides = [13, 7, 29, 6] if exporter == "dynamo" else [(13, 13), (7, 29), (31, 12), (6, 6)]
+    for s in sides:
+        h, w = (s, s) if isinstance(s, int) else s
+        x = torch.randn(2, 3, h, w)
+        got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
+        np.testing.assert_allclose(got, model(x).numpy(), atol=1e-5)
+    whole = torch.randn(2, 3, 5, 7)
+    assert torch.equal(patches._dynamic_adaptive_avg_pool(torch.nn.functional.adaptive_avg_pool2d)(whole, 1),
+                       torch.nn.functional.adaptive_avg_pool2d(whole, 1))

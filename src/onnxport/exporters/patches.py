@@ -126,3 +126,43 @@ RCNN_RESIZE = register(Patch(
     exporters=("torchscript",),
     make=_exact_resize,
 ))
+
+
+# --------------------------------------------------------------------------- adaptive average pooling
+
+
+def _pool_matrix(size, out: int, like: torch.Tensor) -> torch.Tensor:
+    """[out, size]: row i averages input positions floor(i*size/out) .. ceil((i+1)*size/out) - 1, the windows
+    of adaptive average pooling, computed from ``size`` at run time."""
+    i = torch.arange(out, device=like.device)
+    start = torch.div(i * size, out, rounding_mode="floor")
+    end = torch.div((i + 1) * size + out - 1, out, rounding_mode="floor")
+    j = torch.arange(size, device=like.device)
+    inside = (j[None, :] >= start[:, None]) & (j[None, :] < end[:, None])
+    return inside.to(like.dtype) / (end - start)[:, None].to(like.dtype)
+
+
+def _dynamic_adaptive_avg_pool(original: Callable) -> Callable:
+    def adaptive_avg_pool2d(input, output_size):  # noqa: A002 - torch's own parameter name
+        out = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
+        if None in out or out == (1, 1) or input.dim() not in (3, 4):
+            return original(input, output_size)  # a global pool exports as one at every size
+        rows = _pool_matrix(input.shape[-2], out[0], input)
+        cols = _pool_matrix(input.shape[-1], out[1], input)
+        return torch.matmul(torch.matmul(rows, input), cols.transpose(0, 1))
+
+    adaptive_avg_pool2d.__wrapped__ = original
+    return adaptive_avg_pool2d
+
+
+ADAPTIVE_AVG_POOL = register(Patch(
+    name="adaptive-avg-pool",
+    fixes="adaptive average pooling to a size other than 1 written as two products with averaging matrices "
+          "built from the input's size at run time (the exporters write its windows for the example size only: "
+          "wrong at every size whose feature map does not divide evenly the same way)",
+    target="torch.nn.modules.pooling:AdaptiveAvgPool2d",
+    module="torch.nn.functional",
+    attr="adaptive_avg_pool2d",
+    exporters=("dynamo", "torchscript"),
+    make=_dynamic_adaptive_avg_pool,
+))
