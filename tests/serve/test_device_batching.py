@@ -16,7 +16,7 @@ import tritonclient.http as th
 
 from onnxport.serve.app import build_app
 from onnxport.serve.batcher import Batcher
-from onnxport.serve.device_run import PIPELINE, DeviceRunner, runs_on_cuda
+from onnxport.serve.device_run import PIPELINE, DeviceRunner, bucket, runs_on_cuda
 from onnxport.serve.models import discover
 from onnxport.serve.served import Metrics, load
 from tests.serve.test_serve import metric, mlp_out, running  # noqa: F401 - mlp_out: the shared fixture
@@ -40,6 +40,14 @@ def test_a_shape_is_bound_once_and_its_buffers_refilled(sess):
         got = runner({"x": x2})["output"]
         np.testing.assert_allclose(got, sess.run(None, {"x": x2})[0], rtol=1e-6, atol=1e-7)
     assert runner.bound == 3  # batch 2, 4 and 6: one set of buffers each, refilled for the next request
+    padded = DeviceRunner(sess, ["output"], "cpu", buckets=16)
+    for x in _rows(9):  # 1, 2 and 3 rows: padded to 1, 2 and 4
+        np.testing.assert_allclose(padded({"x": x})["output"], sess.run(None, {"x": x})[0], rtol=1e-6, atol=1e-7)
+    assert padded.bound == 3 and [bucket(n) for n in (1, 2, 3, 5, 16, 17)] == [1, 2, 4, 8, 16, 32]
+    padded({"x": _rows(4)[2]})  # 3 rows again: the 4-row buffers
+    assert padded.bound == 3
+    capped = DeviceRunner(sess, ["output"], "cpu", buckets=6)
+    assert capped({"x": np.ones((5, 8), np.float32)})["output"].shape == (5, 3) and capped.bound == 1  # 6 rows
     kept = np.ones((2, 8), np.float32)
     runner({"x": kept})
     runner({"x": np.zeros((2, 8), np.float32)})
@@ -85,7 +93,8 @@ def test_batches_in_flight_answer_each_request_as_if_it_ran_alone(sess):
 def test_served_with_io_binding_binary_tensors_at_concurrency_64(mlp_out, sess):  # noqa: F811
     metrics = Metrics()
     models = [load(source, 16, 20, metrics, io_binding=True) for source in discover(mlp_out)]
-    assert isinstance(models[0].batcher._run, DeviceRunner) and models[0].batcher.pipeline == PIPELINE
+    runner = models[0].batcher._run
+    assert isinstance(runner, DeviceRunner) and runner.buckets == 16 and models[0].batcher.pipeline == PIPELINE
     xs = _rows(64, seed=11)
     barrier = threading.Barrier(64)
     with running(build_app(models, metrics, max_body_bytes=1 << 20)) as url:

@@ -1,7 +1,11 @@
 """A served session's batched run through IO binding, for a session on the GPU.
 
 Each input shape gets its device buffers once (OrtValues, refilled in place: one host→device copy per input per
-batch, no allocation); the outputs are bound on the device and copied back once per batch. Each worker thread
+batch, no allocation); the outputs are bound on the device and copied back once per batch. With ``buckets`` a
+batch is padded to the next power of two rows, at most ``buckets`` (its last row repeated; the extra rows' outputs are dropped), so
+that a few shapes serve every batch size: a few sets of buffers, and cuDNN searches its convolution algorithms
+for a few shapes instead of one per batch size (the served file is batch-invariant, or it is not batched). Each
+worker thread
 has its own bindings, so two batches can be in flight (one computing while the next is copied in:
 :class:`~onnxport.serve.batcher.Batcher`'s ``pipeline``). On a session on the CPU provider the same code binds
 CPU OrtValues (what the tests run).
@@ -35,8 +39,8 @@ class DeviceRunner:
     """``runner(feeds) -> outputs`` of ``sess`` through IO binding on ``device`` (see the module)."""
 
     def __init__(self, sess: Any, output_names: Sequence[str], device: str = "cuda", device_id: int = 0,
-                 max_shapes: int = MAX_SHAPES) -> None:
-        self.session, self.output_names = sess, list(output_names)
+                 max_shapes: int = MAX_SHAPES, buckets: int = 0) -> None:
+        self.session, self.output_names, self.buckets = sess, list(output_names), buckets
         self.device, self.device_id, self.max_shapes = device, device_id, max_shapes
         self._local = threading.local()
         self.bound = 0  # input shapes bound (buffers allocated), over all threads
@@ -72,9 +76,19 @@ class DeviceRunner:
         return slots[key]
 
     def __call__(self, feeds: Feeds) -> Outputs:
+        rows = next(iter(feeds.values())).shape[0] if feeds and self.buckets else 0
+        padded = max(rows, min(bucket(rows), self.buckets)) if rows else 0
+        if padded > rows:
+            feeds = {n: np.concatenate([a, np.repeat(a[-1:], padded - rows, axis=0)]) for n, a in feeds.items()}
         binding, _ = self._slot(feeds)
         binding.clear_binding_outputs()
         for name in self.output_names:
             binding.bind_output(name, self.device, self.device_id)
         self.session.run_with_iobinding(binding)
-        return dict(zip(self.output_names, binding.copy_outputs_to_cpu()))
+        outs = binding.copy_outputs_to_cpu()
+        return dict(zip(self.output_names, [o[:rows] for o in outs] if padded > rows else outs))
+
+
+def bucket(rows: int) -> int:
+    """The rows a batch of ``rows`` is padded to: the next power of two."""
+    return 1 << max(0, rows - 1).bit_length()

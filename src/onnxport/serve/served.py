@@ -337,7 +337,8 @@ def load(source: ModelSource, max_batch: int | None, max_delay_ms: float | None,
         metrics.batch_size.labels(source.name).observe(rows)
         metrics.compute.labels(source.name).observe(seconds)
 
-    batcher = Batcher(DeviceRunner(sess, output_names, device, runtime.gpu.device_id) if bound else run,
+    batcher = Batcher(DeviceRunner(sess, output_names, device, runtime.gpu.device_id, buckets=batch_limit * batchable) if bound
+                      else run,
                       batched=batchable, max_batch=batch_limit, max_delay_ms=delay, on_batch=on_batch,
                       pipeline=PIPELINE if bound else 1)
     bound = bind(sig, source.onnx_path, source.layout)
