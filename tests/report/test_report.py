@@ -231,3 +231,16 @@ def test_branch_coverage_and_frozen_attempts_render():
     html = render_html(r)
     assert "Control flow exercised" in html and "16 iterations: export" in html
     assert "torch.export assumed seq in 9..32" in html and "exported as torch.cond" in html
+
+
+def test_the_summary_says_which_sizes_each_dim_was_proven_at():
+    """A model wrong at batch 7 alone passes at 1, 2, 9 and 64: the summary claims those sizes, no range."""
+    from onnxport.report.build import proven_sizes
+
+    dims = [{"input": "x", "axis": 0, "symbol": "batch"}, {"input": "x", "axis": 1, "symbol": "seq"},
+            {"input": "mask", "axis": 0, "symbol": "batch", "sizes_passed": [5]}]
+    cases = [{"passed": True, "shapes": {"x": [2, 16]}}, {"passed": True, "shapes": {"x": [1, 1]}},
+             {"passed": True, "shapes": {"x": [64, 2]}}, {"passed": True, "shapes": {"x": [9, 3]}},
+             {"passed": False, "shapes": {"x": [7, 4]}}]
+    assert proven_sizes(dims, cases) == "; batch proven at 1, 2, 5, 9, 64; seq at 1-3, 16"
+    assert proven_sizes([], cases) == ""

@@ -1,7 +1,9 @@
-"""Hostile model folders (issue 49): config.json and generation_config.json of tiny saved models mutated by
-hypothesis, each loaded the way every Hugging Face family loads it (sources.hf.hf_model, then the inputs made up
-and the greedy rules read); it loads, or it is refused with an OnnxportError of exit 2 (or 4) in one line: never
-another exception, a traceback or a hang. One CLI run checks the line and exit status end to end."""
+"""Hostile model folders (issue 49): config.json, generation_config.json and the tokenizer files
+(tokenizer.json, tokenizer_config.json, special_tokens_map.json, vocab files) of tiny saved models mutated by
+hypothesis, each loaded the way every Hugging Face family loads it (sources.hf.hf_model, then the inputs made up,
+the greedy rules read and the tokenizer copied beside the export); it loads, or it is refused with an
+OnnxportError of exit 2 (or 4) in one line: never another exception, a traceback or a hang. The examples are a
+fixed number, derandomized (the same every run). CLI runs check the line and exit status end to end."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import torch
 
 from onnxport.core.errors import OnnxportError
 from onnxport.core.greedy import rules_from_config
+from onnxport.decoder.tokenizer import save_tokenizer
 from onnxport.sources import hf
 
 hypothesis = pytest.importorskip("hypothesis")
@@ -40,6 +43,23 @@ def _tiny(kind: str):
                                                    num_heads=4, decoder_start_token_id=0))
 
 
+def _save_tokenizer(kind: str, folder: Path) -> None:
+    """A tokenizer built locally: BERT's from a vocab.txt, the others a WordLevel tokenizer.json (no download)."""
+    import tokenizers
+    import transformers as t
+
+    words = ["<pad>", "<unk>", "</s>", "<s>"] + [f"w{i}" for i in range(60)]
+    if kind == "bert":
+        (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words[4:]]))
+        t.BertTokenizerFast(vocab_file=str(folder / "vocab.txt")).save_pretrained(str(folder))
+        return
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    t.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", eos_token="</s>",
+                              bos_token="<s>").save_pretrained(str(folder))
+    (folder / "vocab.json").write_text(json.dumps({w: i for i, w in enumerate(words)}))
+
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("fuzz-models")
@@ -47,6 +67,7 @@ def saved(tmp_path_factory) -> dict[str, Path]:
     for kind in ("bert", "llama", "t5"):
         folders[kind] = root / kind
         _tiny(kind).save_pretrained(folders[kind])
+        _save_tokenizer(kind, folders[kind])
     return folders
 
 
@@ -69,6 +90,43 @@ MUTATIONS = st.lists(st.tuples(st.booleans(), st.sampled_from(KEYS + GENERATION_
                      max_size=3)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json")
+TOKENIZER_KEYS = ("model_max_length", "pad_token", "eos_token", "unk_token", "bos_token", "tokenizer_class",
+                  "added_tokens", "additional_special_tokens", "do_lower_case", "model", "normalizer",
+                  "pre_tokenizer", "decoder", "truncation", "padding", "model_input_names", "w1", "<pad>")
+RAW = st.sampled_from([b"", b"{", b"[[[", b"null", b"[]", b'"x"', b"\xff\xfe\x00", b"[" * 50_000, b"w1\n" * 3,
+                       b'{"version": "1.0", "model": {"type": "WordLevel", "vocab": {"a": 1000000000}}}'])
+TOKENIZER_MUTATIONS = st.lists(st.one_of(
+    st.tuples(st.sampled_from(TOKENIZER_FILES), st.just("RAW"), RAW),
+    st.tuples(st.sampled_from(TOKENIZER_FILES[:3] + TOKENIZER_FILES[4:]), st.sampled_from(TOKENIZER_KEYS), VALUES),
+    st.tuples(st.just("tokenizer.json"), st.just("VOCAB"), SCALARS)), min_size=1, max_size=3)
+
+
+def _mutate_tokenizer(folder: Path, mutations) -> None:
+    """Each mutation: a file's bytes replaced, a key of a JSON file set (or deleted), or a vocabulary id of
+    tokenizer.json set to another value."""
+    for name, key, value in mutations:
+        file = folder / name
+        if key == "RAW":
+            file.write_bytes(value)
+            continue
+        try:
+            data = json.loads(file.read_text())
+        except (OSError, ValueError, RecursionError):
+            continue  # an earlier mutation made it no JSON
+        if not isinstance(data, dict):
+            continue
+        if key == "VOCAB":
+            vocab = (data.get("model") or {}).get("vocab") if isinstance(data.get("model"), dict) else None
+            if isinstance(vocab, dict):
+                vocab["w1"] = value
+        elif value == "DELETE":
+            data.pop(key, None)
+        else:
+            data[key] = value
+        file.write_text(json.dumps(data))
+
+
 def _mutate(folder: Path, mutations) -> None:
     for in_generation, key, value in mutations:
         file = folder / ("generation_config.json" if in_generation else "config.json")
@@ -88,12 +146,17 @@ def _load(folder: Path, kind: str) -> None:
     rules_from_config(getattr(model, "generation_config", None), encoder_decoder=kind == "t5")
 
 
+def _refused_in_one_line(e: OnnxportError, mutations) -> None:
+    assert e.exit_code in (2, 4), (mutations, e)
+    assert "\n" not in str(e) and len(str(e)) < 1000, (mutations, str(e))
+
+
 def test_mutated_configs_load_or_are_refused_in_one_line(saved, tmp_path, monkeypatch):
     monkeypatch.delenv("ONNXPORT_DEBUG", raising=False)
     seen = {"loaded": 0, "refused": 0}
     started = time.monotonic()
 
-    @hypothesis.settings(max_examples=45, deadline=None, database=None,
+    @hypothesis.settings(max_examples=45, deadline=None, database=None, derandomize=True,
                          suppress_health_check=list(hypothesis.HealthCheck))
     @hypothesis.given(kind=st.sampled_from(sorted(saved)), mutations=MUTATIONS)
     def fuzz(kind, mutations):
@@ -105,13 +168,60 @@ def test_mutated_configs_load_or_are_refused_in_one_line(saved, tmp_path, monkey
             _load(folder, kind)
             seen["loaded"] += 1
         except OnnxportError as e:
-            assert e.exit_code in (2, 4), (mutations, e)
-            assert "\n" not in str(e) and len(str(e)) < 1000, (mutations, str(e))
+            _refused_in_one_line(e, mutations)
             seen["refused"] += 1
 
     fuzz()
     assert seen["refused"] > 0
     assert time.monotonic() - started < 120
+
+
+def test_mutated_tokenizer_files_load_or_are_refused_in_one_line(saved, tmp_path, monkeypatch):
+    """The tokenizer as each family reads it: the text inputs' names (a plain model), the copy beside an export
+    (decoders, encoder-decoders). A tokenizer that does not load is refused in one line; none eats the machine."""
+    import resource
+
+    monkeypatch.delenv("ONNXPORT_DEBUG", raising=False)
+    seen = {"loaded": 0, "refused": 0}
+    started = time.monotonic()
+
+    @hypothesis.settings(max_examples=40, deadline=None, database=None, derandomize=True,
+                         suppress_health_check=list(hypothesis.HealthCheck))
+    @hypothesis.given(kind=st.sampled_from(sorted(saved)), mutations=TOKENIZER_MUTATIONS)
+    def fuzz(kind, mutations):
+        folder = tmp_path / "m"
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(saved[kind], folder)
+        _mutate_tokenizer(folder, mutations)
+        try:
+            if kind == "bert":
+                hf._input_names(__import__("transformers"), folder, hf.hf_model(folder))
+            else:
+                save_tokenizer(folder, tmp_path / "out")
+            seen["loaded"] += 1
+        except OnnxportError as e:
+            _refused_in_one_line(e, mutations)
+            seen["refused"] += 1
+
+    fuzz()
+    assert seen["refused"] > 0 and seen["loaded"] > 0, seen
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 3 << 20  # KiB: no tokenizer table of GBs
+    assert time.monotonic() - started < 60
+
+
+def test_a_tokenizer_naming_a_huge_token_id_is_named_at_once(saved, tmp_path):
+    """One id of 10^9 in tokenizer.json: the library would allocate a table up to it (GBs, tens of seconds)."""
+    from onnxport.sources.tokenizer_files import tokenizer_problem
+
+    folder = tmp_path / "big-id"
+    shutil.copytree(saved["llama"], folder)
+    _mutate_tokenizer(folder, [("tokenizer.json", "VOCAB", 10**9)])
+    started = time.monotonic()
+    assert "tokenizer.json: token id 1000000000 is not valid" in (tokenizer_problem(folder) or "")
+    with pytest.raises(OnnxportError, match="token id 1000000000") as e:
+        save_tokenizer(folder, tmp_path / "out")
+    assert e.value.exit_code == 2 and time.monotonic() - started < 5
+    assert tokenizer_problem(saved["llama"]) is None and tokenizer_problem(saved["bert"]) is None
 
 
 def test_a_hostile_config_is_one_line_and_exit_2_from_the_cli(saved, tmp_path):

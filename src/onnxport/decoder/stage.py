@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from onnxport.core.diagnostics import Diagnostic, info, warning
+from onnxport.core.errors import OnnxportError
 from onnxport.core.greedy import GreedyRules
 from onnxport.decoder.tokenizer import save_tokenizer
 from onnxport.families import Run
@@ -35,7 +36,13 @@ def cache_notes(run: Run, rules: GreedyRules | None, fitted: int | None, default
         diags.append(info("max-length-fitted", f"--max-length {default} (the default) exceeds the {fitted} "
                                                f"positions the model was built for: exported for {fitted} tokens",
                           hint="give --max-length to choose another length"))
-    if save_tokenizer(run.loaded.source.split(":", 1)[1], run.out) is not None:  # generate takes and gives text
+    try:
+        copied = save_tokenizer(run.loaded.source.split(":", 1)[1], run.out)
+    except OnnxportError as e:  # the model is exported all the same; its server takes token ids
+        diags.append(warning("tokenizer-unreadable", f"{e.message}: not copied, so serve's generate endpoint "
+                                                     "takes and returns token ids only", hint=e.hint))
+        return diags
+    if copied is not None:  # generate takes and gives text
         diags.append(info("tokenizer-copied", "the model's tokenizer is in tokenizer/: serve's generate "
                                               "endpoint takes and returns text"))
     return diags

@@ -8,7 +8,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from onnxport.core.errors import UsageError, one_line
+from onnxport.core.errors import OnnxportError, UsageError, one_line
+from onnxport.sources import tokenizer_files
 
 TOKENIZER_DIR = "tokenizer"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
@@ -22,18 +23,15 @@ def has_tokenizer(model_dir: str | Path) -> bool:
 
 def save_tokenizer(model_dir: str | Path, out_dir: str | Path) -> Path | None:
     """Copy the tokenizer of the local model in ``model_dir`` to ``out_dir/tokenizer`` (written in a temporary
-    folder, then renamed); None when ``model_dir`` has none or it cannot be loaded offline. Never runs remote
-    code and never downloads."""
+    folder, then renamed); None when ``model_dir`` has none. One whose files do not load offline is a SourceError
+    in one line (the caller decides whether that stops the run). Never runs remote code and never downloads."""
     if not has_tokenizer(model_dir):
         return None
     try:
-        from transformers import AutoTokenizer
+        import transformers  # noqa: F401
     except ImportError:
         return None
-    try:
-        tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True, trust_remote_code=False)
-    except Exception:  # noqa: BLE001 - a tokenizer that does not load offline is left out, not fatal
-        return None
+    tok = tokenizer_files.load_tokenizer(model_dir)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     final = out / TOKENIZER_DIR
@@ -57,10 +55,8 @@ def load_tokenizer(out_dir: str | Path):
         folder = folder / TOKENIZER_DIR
     if not folder.is_dir() or not has_tokenizer(folder):
         return None
-    from transformers import AutoTokenizer
-
     try:
-        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
-    except Exception as e:  # noqa: BLE001 - any failure to load is the user's folder to fix
-        raise UsageError(f"the tokenizer in {folder} does not load: {one_line(e, 200)}",
+        return tokenizer_files.load_tokenizer(folder)
+    except OnnxportError as e:  # any failure to load is the user's folder to fix
+        raise UsageError(f"the tokenizer in {folder} does not load: {one_line(e.message, 200)}",
                          "export the model again, or remove the tokenizer folder to serve token ids") from None

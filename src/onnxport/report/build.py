@@ -191,6 +191,34 @@ def _own_scale(parity: ParityResult) -> dict[str, dict]:
     return out
 
 
+def proven_sizes(dynamic_dims: list[dict], cases: list[dict]) -> str:
+    """'; batch proven at 1, 2, 9, 64; seq at 2-16': the sizes of each dynamic dim proven (its ``sizes_passed``,
+    and those the passing cases ran at); a size between them is not proven: a model wrong at batch 7 alone passes
+    at 1, 2, 9 and 64, so the summary says which sizes it claims."""
+    sizes: dict[str, set[int]] = {}
+    for d in dynamic_dims:
+        found = sizes.setdefault(d["symbol"], set())
+        found.update(n for n in d.get("sizes_passed") or () if isinstance(n, int))  # the proof's own record
+        for c in cases:
+            shape = c.get("shapes", {}).get(d["input"]) if c.get("passed") else None
+            if isinstance(shape, list) and d["axis"] < len(shape) and isinstance(shape[d["axis"]], int):
+                found.add(shape[d["axis"]])
+    parts = [f"{sym} {'proven at ' if not i else 'at '}{_runs(sorted(got))}" if got else f"{sym} proven"
+             for i, (sym, got) in enumerate(sizes.items())]
+    return "; " + "; ".join(parts) if parts else ""
+
+
+def _runs(values: list[int]) -> str:
+    """1, 2, 3, 4, 9 -> '1-4, 9': three or more consecutive sizes as one range."""
+    out, start = [], 0
+    for i in range(1, len(values) + 1):
+        if i == len(values) or values[i] != values[i - 1] + 1:
+            run = values[start:i]
+            out.append(f"{run[0]}-{run[-1]}" if len(run) >= 3 else ", ".join(map(str, run)))
+            start = i
+    return ", ".join(out)
+
+
 def summary_sentence(rep: dict) -> str:
     """The verdict in one sentence."""
     status = rep["status"]
@@ -205,8 +233,7 @@ def summary_sentence(rep: dict) -> str:
     n_ok = sum(c["passed"] for c in cases)
     if status == "ok":
         worst = max((c["max_abs_err"] or 0.0 for c in cases), default=0.0)
-        syms = list(dict.fromkeys(d["symbol"] for d in rep["check"]["dynamic_dims"]))
-        dyn = f"; dynamic dims {', '.join(syms)} proven" if syms else ""
+        dyn = proven_sizes(rep["check"]["dynamic_dims"], cases)
         mine = val.get("samples")
         also = f" and on {mine['count']} samples of {mine['file']}" if mine else ""
         worst = max(worst, (mine or {}).get("max_abs_err") or 0.0)

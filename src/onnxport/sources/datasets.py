@@ -23,10 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from onnxport.core.errors import BadSamples, UsageError, missing_dependency, one_line
+from onnxport.core.errors import BadSamples, OnnxportError, UsageError, missing_dependency, one_line
 from onnxport.core.spec import InputSpec
 from onnxport.sources.base import LoadedModel
 from onnxport.sources.images import read_images
+from onnxport.sources.tokenizer_files import load_tokenizer
 
 ARRAY_SUFFIXES = (".npz", ".npy")
 TEXT_SUFFIXES = (".txt", ".jsonl")
@@ -289,13 +290,13 @@ def _tokenizer(path: Path, loaded: LoadedModel, given: str | Path | None):
                          "pass --tokenizer DIR (a folder holding a Hugging Face tokenizer)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
-        import transformers
+        import transformers  # noqa: F401 - a missing dependency named before the tokenizer is read
     except ImportError:
         raise missing_dependency("transformers", "hf") from None
     try:
-        tok = transformers.AutoTokenizer.from_pretrained(where, local_files_only=True)
-    except Exception as e:  # noqa: BLE001 - a folder without a usable tokenizer
-        raise UsageError(f"cannot load a tokenizer from {where} ({one_line(e, 200, typed=True)})",
+        tok = load_tokenizer(where)
+    except OnnxportError as e:  # a folder without a usable tokenizer
+        raise UsageError(f"cannot load a tokenizer from {where} ({one_line(e.message, 200)})",
                          "pass --tokenizer DIR: a folder with tokenizer.json or vocab.txt and tokenizer_config.json",
                          code="samples-unreadable") from None
     return tok, where

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import torch
 
-from onnxport.core.errors import SourceError, missing_dependency
+from onnxport.core.errors import OnnxportError, SourceError, missing_dependency
 from onnxport.core.samples import make_inputs
 from onnxport.core.spec import Dim, InputSpec
 from onnxport.sources import validate
 from onnxport.sources.base import LoadedModel
 from onnxport.sources.finish import Finishing, declared_or, finish
 from onnxport.sources.hf_media import audio_tower_inputs, media_spec
+from onnxport.sources.tokenizer_files import load_tokenizer
 
 TASKS = {
     "feature-extraction": "AutoModel",
@@ -175,9 +176,9 @@ def _input_names(transformers, path: Path, model) -> list[str]:
         text = list(TEXT_AFTER_IDS)
         if _has_tokenizer(path):
             try:
-                tok = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+                tok = load_tokenizer(path)
                 text = ["bbox", *getattr(tok, "model_input_names", text)]
-            except Exception:  # noqa: BLE001 - an unreadable tokenizer: the forward signature decides
+            except OnnxportError:  # an unreadable tokenizer: the forward signature decides
                 pass
         names += [n for n in text if n != "bbox" or _orders_boxes()]
     if "pixel_values" in names:
