@@ -9,7 +9,9 @@
 3. ``serve``: ``onnxport serve`` of resnet18's output folder (best.onnx) on the device, binary tensors,
    concurrency 64: requests/s, latency percentiles, and every answer against the same request run alone
    (within the best variant's tolerance).
-4. ``families``: every other benchmarks/*.py that defines ``gpu_check(work: Path, smoke: bool) -> dict`` (the
+4. ``attention_kernels``: the lines onnxruntime prints with ``ORT_ENABLE_ATTENTION_KERNEL_DEBUG_INFO=1`` for each
+   proven fp16 file of the BERT at each size (which fused kernel runs on this GPU).
+5. ``families``: every other benchmarks/*.py that defines ``gpu_check(work: Path, smoke: bool) -> dict`` (the
    decoder and encoder-decoder checks) is called, its dict kept; none: skipped, with a line.
 
 On the GPU machine (see ../shared/gpu/README.md: onnxruntime-gpu arrives in parts through .gpu/device.sh):
@@ -108,6 +110,37 @@ def cli_vs_harness(case, out: Path, device: str, runs: int, warmup: int) -> list
                      "best": (report.get("best") or {}).get("name") == v["name"],
                      "timing": (report.get("best") or {}).get("timing")})
     return rows
+
+
+# --------------------------------------------------------------------------- which attention kernel runs
+
+PROBE = """
+import json, sys
+import numpy as np
+from onnxport.runtime import open_for, without_cuda_graph
+path, options, out, batch, seq = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+sess = open_for(without_cuda_graph(options), out)(path)
+sess.run(None, {i.name: (np.ones if "mask" in i.name else np.zeros)((batch, seq), np.int64) for i in sess.get_inputs()})
+"""
+
+
+def attention_kernels(case, out: Path, smoke: bool) -> dict:
+    """The attention kernel onnxruntime picks for each proven fp16 file of an encoder at each size
+    (``ORT_ENABLE_ATTENTION_KERNEL_DEBUG_INFO=1``: the lines it prints), one subprocess per file and size."""
+    report = json.loads((out / "report.json").read_text())
+    found: dict = {}
+    for v in report.get("variants", []):
+        if not v.get("passed") or not v.get("path") or not v["name"].startswith(("fp16", "cuda-graph")):
+            continue
+        for batch, seq in case.sizes:
+            proc = subprocess.run([sys.executable, "-c", PROBE, str(out / v["path"]),
+                                   json.dumps(v.get("session_options") or {}), str(out), str(batch), str(seq)],
+                                  capture_output=True, text=True, timeout=120,
+                                  env=dict(os.environ, ORT_ENABLE_ATTENTION_KERNEL_DEBUG_INFO="1",
+                                           PYTHONPATH=os.pathsep.join(sys.path)))
+            lines = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if "ATTENTION" in ln.upper()]
+            found[f"{v['name']} {batch}x{seq}"] = sorted(set(lines))[:6] or [f"exit {proc.returncode}, no line"]
+    return found
 
 
 # --------------------------------------------------------------------------- 3. serve
@@ -263,6 +296,7 @@ def run_all(args: argparse.Namespace, device: str, work: Path) -> dict:
     table, cases = points(work, device, runs, warmup, smoke)
     print(harness.render(table), flush=True)
     versus = [row for case in cases for row in cli_vs_harness(case, work / case.key, device, runs, warmup)]
+    kernels = {c.key: attention_kernels(c, work / c.key, smoke) for c in cases if c.seq is not None}
     served = cases[-1].key  # resnet18 on the GPU, a tiny CNN in the smoke
     requests = 64 if smoke else args.requests
     try:
@@ -273,7 +307,8 @@ def run_all(args: argparse.Namespace, device: str, work: Path) -> dict:
     return {"created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": _machine(device),
             "device": device, "runs": runs, "warmup": warmup, "statistic": "median ms",
-            "points": table, "cli_vs_harness": versus, "serve": serve, "families": families,
+            "points": table, "cli_vs_harness": versus, "attention_kernels": kernels, "serve": serve,
+            "families": families,
             "wall_seconds": round(time.perf_counter() - t0, 1)}
 
 

@@ -34,6 +34,7 @@ class ResidentRun:
 
     def __call__(self) -> None:
         self.session.run_with_iobinding(self.binding)
+        self.binding.synchronize_outputs()  # the device has written them (a replayed graph may return earlier)
         self.calls += 1
 
     def fetch(self) -> list[np.ndarray]:
