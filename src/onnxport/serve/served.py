@@ -327,7 +327,7 @@ def load(source: ModelSource, max_batch: int | None, max_delay_ms: float | None,
                                                            else DEFAULT_MAX_DELAY_MS)
     batchable = sig.batchable and batch_limit > 0
     output_names = [o.name for o in sig.outputs]
-    bound = runs_on_cuda(sess) if io_binding is None else io_binding and hasattr(sess, "io_binding")
+    on_device = runs_on_cuda(sess) if io_binding is None else io_binding and hasattr(sess, "io_binding")
     device = "cuda" if runs_on_cuda(sess) else "cpu"
 
     def run(feeds: dict) -> dict:
@@ -337,9 +337,9 @@ def load(source: ModelSource, max_batch: int | None, max_delay_ms: float | None,
         metrics.batch_size.labels(source.name).observe(rows)
         metrics.compute.labels(source.name).observe(seconds)
 
-    batcher = Batcher(DeviceRunner(sess, output_names, device, runtime.gpu.device_id, buckets=batch_limit * batchable) if bound
-                      else run,
-                      batched=batchable, max_batch=batch_limit, max_delay_ms=delay, on_batch=on_batch,
-                      pipeline=PIPELINE if bound else 1)
+    runner = (DeviceRunner(sess, output_names, device, runtime.gpu.device_id, buckets=batch_limit * batchable)
+              if on_device else run)
+    batcher = Batcher(runner, batched=batchable, max_batch=batch_limit, max_delay_ms=delay, on_batch=on_batch,
+                      pipeline=PIPELINE if on_device else 1)
     bound = bind(sig, source.onnx_path, source.layout)
     return ServedModel(source, sig, sess, batch_limit if batchable else 0, delay, batcher, Stats(), metrics, bound)
