@@ -130,3 +130,15 @@ def test_a_cuda_graph_captures_the_fastest_base_with_its_own_options(cnn, cnn_fi
     cuda = providers_for(o)[0][1]
     assert cuda["prefer_nhwc"] == "1" and cuda["enable_cuda_graph"] == "1"
     assert without_cuda_graph(o) == nhwc  # served with dynamic shapes: the layout stays
+
+
+def test_the_triton_config_carries_the_layout_and_the_attention_kernels(cnn_file):
+    from onnxport.serve.models import signature
+    from onnxport.serve.triton import model_config
+
+    sig = signature(cnn_file)
+    for options, want in ((SessionOptions(CUDA, use_tf32=False, prefer_nhwc=True), {"prefer_nhwc": "1"}),
+                          (SessionOptions(CUDA, use_tf32=False, sdpa_kernel=27), {"sdpa_kernel": "27"})):
+        config = model_config(sig, "m", gpu=True, max_batch=8, variant_options=options)
+        (cuda,) = config["optimization"]["execution_accelerators"]["gpu_execution_accelerator"]
+        assert cuda == {"name": "cuda", "parameters": {"use_tf32": "0", **want}}

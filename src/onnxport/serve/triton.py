@@ -48,7 +48,7 @@ def gpu_accelerators(variant_options: SessionOptions | None) -> list[dict]:
     """Triton onnxruntime backend ``gpu_execution_accelerator`` entries reproducing the best variant's session
     options (report ``best.session_options``): TensorRT with fp16 and its profile shapes when the best ran
     under TensorRT; the CUDA provider's ``use_tf32`` (off unless the best is ``tf32``: onnxport proves fp32
-    with it off) and ``enable_cuda_graph``. Without recorded GPU options: TensorRT in FP16 (not proven)."""
+    with it off), ``enable_cuda_graph``, ``prefer_nhwc`` and ``sdpa_kernel``. Without recorded GPU options: TensorRT in FP16 (not proven)."""
     options = variant_options
     if options is None or options.provider not in (CUDA, TENSORRT):
         return [_TRT_DEFAULT]
@@ -64,6 +64,10 @@ def gpu_accelerators(variant_options: SessionOptions | None) -> list[dict]:
     cuda = {"use_tf32": "1" if options.use_tf32 else "0"}
     if options.enable_cuda_graph:
         cuda["enable_cuda_graph"] = "1"
+    if options.prefer_nhwc:  # fp16-nhwc
+        cuda["prefer_nhwc"] = "1"
+    if options.sdpa_kernel is not None:  # fp16-sdpa
+        cuda["sdpa_kernel"] = str(int(options.sdpa_kernel))
     accel.append({"name": "cuda", "parameters": cuda})
     return accel
 
