@@ -257,6 +257,8 @@ BAD = {
     "batch zero": ({"inputs": [_tensor(shape=[0, 8], data=[])]}, 400, "batch size 0"),
     "negative dim": ({"inputs": [_tensor(shape=[-1, 8])]}, 400, "shape"),
     "unknown output": ({"inputs": [_tensor()], "outputs": [{"name": "zzz"}]}, 400, "unknown output"),
+    "output asked twice": ({"inputs": [_tensor()], "outputs": [{"name": "output"}] * 1000}, 400, "asked twice"),
+    "null data": ({"inputs": [_tensor(data=[None] * 8)]}, 400, "holds nulls"),
     "not an object": ([1, 2, 3], 400, "JSON object"),
     "NaN data": ({"inputs": [_tensor(data=[float("nan")] * 8)]}, 400, "holds NaN"),
     "infinite data": ({"inputs": [_tensor(data=[0.5] * 7 + [float("-inf")])]}, 400, "holds -Infinity"),

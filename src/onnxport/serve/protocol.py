@@ -32,6 +32,10 @@ def _is_shape(shape: object) -> bool:
     return isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
 
 
+_KIND_WORDS = {"f": "numbers with a fraction or past 64 bits", "U": "strings", "O": "nulls, objects or mixed values",
+               "b": "booleans", "c": "complex numbers"}
+
+
 def _json_tensor(name: str, datatype: str, shape: list[int], data: object) -> np.ndarray:
     if not isinstance(data, list):
         raise BadRequest(f"input '{name}': 'data' must be a (flat or nested) list of values")
@@ -41,7 +45,8 @@ def _json_tensor(name: str, datatype: str, shape: list[int], data: object) -> np
         raise BadRequest(f"input '{name}': 'data' is ragged or holds values of mixed kinds") from None
     allowed = _KINDS.get(datatype, "biu")
     if raw.size and raw.dtype.kind not in allowed:
-        raise BadRequest(f"input '{name}': 'data' holds {raw.dtype.kind!r}-kind values, not {datatype} values")
+        said = _KIND_WORDS.get(raw.dtype.kind, f"{raw.dtype.kind!r}-kind values")
+        raise BadRequest(f"input '{name}': 'data' holds {said}, not {datatype} values")
     if raw.size != math.prod(shape):
         raise BadRequest(f"input '{name}': shape {shape} needs {math.prod(shape)} values, 'data' has {raw.size}")
     dtype = np.dtype(NUMPY_DTYPES[datatype])
@@ -268,6 +273,8 @@ def _requested_outputs(header: dict, params: dict, sig: Signature) -> tuple[tupl
             raise BadRequest("every entry of 'outputs' must be an object with a 'name'")
         if out["name"] not in names:
             raise BadRequest(f"unknown output {out['name']!r}; the model's outputs are {names}")
+        if out["name"] in chosen:  # each copy would be computed and written again: a small request, a huge answer
+            raise BadRequest(f"output {out['name']!r} is asked twice in 'outputs'; ask for each output once")
         oparams = out.get("parameters") or {}
         if not isinstance(oparams, dict):
             raise BadRequest(f"output '{out['name']}': 'parameters' must be an object")
