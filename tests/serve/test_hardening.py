@@ -384,3 +384,13 @@ def test_triton_names_the_missing_file_of_a_multi_file_output(monkeypatch, capsy
     code, lines = _cli(monkeypatch, capsys, "triton", str(out), "--repo", str(tmp_path / "repo"))
     assert code == 2 and len(lines) == 1 and "lacks decoder_with_past_model.onnx" in lines[0], lines
     assert not (tmp_path / "repo").exists()
+
+
+def test_serve_names_the_missing_file_of_a_multi_file_output(monkeypatch, capsys, tmp_path, model):
+    """serve on an encoder-decoder's output without decoder_with_past_model.onnx names it, as triton does."""
+    out = tmp_path / "t5-out"
+    out.mkdir()
+    for name in ("encoder_model.onnx", "decoder_model.onnx"):
+        (out / name).write_bytes(model.read_bytes())
+    code, lines = _cli(monkeypatch, capsys, "serve", str(out), "--port", "1")  # refused before it binds
+    assert code == 2 and len(lines) == 1 and "lacks decoder_with_past_model.onnx" in lines[0], lines

@@ -363,6 +363,16 @@ def discover(path: str | Path, name: str | None = None) -> list[ModelSource]:
     return [dataclasses.replace(sources[0], name=check_model_name(name))]
 
 
+def check_family_files(path: Path) -> None:
+    """A UsageError naming the files missing from ``path`` where it holds some of a family's files served
+    together (an encoder-decoder's output without decoder_with_past_model.onnx)."""
+    for family in families.families():
+        missing = [f for f in family.files if not (path / f).is_file()]
+        if family.files and len(missing) < len(family.files):
+            raise UsageError(f"{path} lacks {', '.join(missing)} of the files served together "
+                             f"({', '.join(family.files)})", "run 'onnxport export' again into this folder")
+
+
 def _discover(path: Path) -> list[ModelSource]:
     if path.is_file():
         if path.suffix != ".onnx":
@@ -378,6 +388,7 @@ def _discover(path: Path) -> list[ModelSource]:
         return [_from_output_folder(folder) for folder in parts]
     sources = [s for entry in sorted(path.iterdir()) if entry.is_dir() and (s := _from_repository_entry(entry))]
     if not sources:
+        check_family_files(path)
         raise UsageError(f"{path} holds no model to serve",
                          "pass an onnxport output folder (with model.onnx), a .onnx file, or a Triton repository "
                          "(DIR/<name>/config.pbtxt and DIR/<name>/1/model.onnx)")

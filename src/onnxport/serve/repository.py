@@ -20,6 +20,7 @@ from onnxport.serve.models import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_DELAY_MS,
     MAX_NAME,
+    check_family_files,
     component_folders,
     read_report,
     served_file,
@@ -101,11 +102,7 @@ def _read_out(path: Path) -> tuple[Path, str, OrtOptions | None, dict[str, int],
     report = read_report(path) or {}
     onnx_path = served_file(path, report)
     if onnx_path is None:
-        for family in families.families():  # a family's files, some there: the missing ones named
-            missing = [f for f in family.files if not (path / f).is_file()]
-            if family.files and len(missing) < len(family.files):
-                raise UsageError(f"{path} lacks {', '.join(missing)} of the files served together "
-                                 f"({', '.join(family.files)})", "run 'onnxport export' again into this folder")
+        check_family_files(path)  # a family's files, some there: the missing ones named
         raise UsageError(f"{path} holds no model.onnx", "run 'onnxport export' or 'onnxport convert' first")
     name, sizes = path.resolve().name, {}
     tuned: OrtOptions | None = None
