@@ -23,6 +23,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from onnxport.cli import helptexts
 from onnxport.cli.groups import (
     Output,
     bench_group,
@@ -61,8 +62,10 @@ EXIT_INTERNAL = 70
 STATUS_EXIT = {"ok": EXIT_OK, "validation_failed": EXIT_VALIDATION_FAILED, "export_failed": EXIT_EXPORT_FAILED}
 
 app = typer.Typer(
-    name="onnxport", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    name="onnxport", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, cls=helptexts.Group,
     help="PyTorch to ONNX: export, prove against PyTorch on a matrix of shapes, explain every failure.",
+    epilog=helptexts.examples("onnxport convert torchvision:resnet18 -o out/resnet18", "onnxport serve out/resnet18",
+                              "onnxport COMMAND --help   # every option of a command, grouped"),
 )
 LOG_NAME = "onnxport.log"  # what the libraries printed during a run, beside report.json
 
@@ -115,8 +118,14 @@ def _guard(fn):
     return wrapper
 
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="print the report as JSON on stdout")]
-ForceOpt = Annotated[bool, typer.Option("--force", help="overwrite earlier results in --out")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print the report as JSON on stdout",
+                                        rich_help_panel=helptexts.OUTPUT)]
+ForceOpt = Annotated[bool, typer.Option("--force", help="overwrite earlier results in --repo",
+                                         rich_help_panel=helptexts.OUTPUT)]
+_serving = functools.partial(typer.Option, rich_help_panel=helptexts.SERVING)
+_limits = functools.partial(typer.Option, rich_help_panel=helptexts.LIMITS)
+_runtime = functools.partial(typer.Option, rich_help_panel=helptexts.RUNTIME)
+_output = functools.partial(typer.Option, rich_help_panel=helptexts.OUTPUT)
 SourceArg = Annotated[str, typer.Argument(help="model source, e.g. model.py:Net or torchvision:resnet18")]
 
 
@@ -154,14 +163,16 @@ def _options(output: Output, **families):
     return Options(**families, force=output.force, command=_command_line(), log_name=LOG_NAME).checked()
 
 
-@app.command()
+@app.command(cls=helptexts.Command, epilog=helptexts.CONVERT, rich_help_panel=helptexts.PROVE_COMMANDS)
 @_guard
 @takes(output=output_group, load=load_group, export=export_group, proof=proof_group,
        optimize=convert_optimize_group, runtime=runtime_group)
 def convert(source: SourceArg, output: Output, load: LoadOptions, export: ExportOptions, proof: ProofOptions,
             optimize: OptimizeOptions, runtime: RuntimeOptions,
-            no_bench: Annotated[bool, typer.Option("--no-bench", help="skip the short benchmark")] = False,
-            no_optimize: Annotated[bool, typer.Option("--no-optimize", help="skip the optimized variants")] = False,
+            no_bench: Annotated[bool, typer.Option(
+                "--no-bench", help="skip the short benchmark", rich_help_panel=helptexts.BENCHMARK)] = False,
+            no_optimize: Annotated[bool, typer.Option(
+                "--no-optimize", help="skip the optimized variants", rich_help_panel=helptexts.OPTIMIZE)] = False,
             ) -> None:
     """The whole pipeline: export, check, prove, optimize, benchmark; writes OUT/."""
     from onnxport import api
@@ -172,7 +183,7 @@ def convert(source: SourceArg, output: Output, load: LoadOptions, export: Export
         progress=progress), output.out, output.json)
 
 
-@app.command()
+@app.command(cls=helptexts.Command, epilog=helptexts.OPTIMIZE_EXAMPLES, rich_help_panel=helptexts.PROVE_COMMANDS)
 @_guard
 @takes(output=output_group, load=load_group, proof=proof_group, optimize=optimize_group, runtime=runtime_group)
 def optimize(source: SourceArg, model: Annotated[Path, typer.Argument(help="the ONNX export to optimize")],
@@ -186,7 +197,7 @@ def optimize(source: SourceArg, model: Annotated[Path, typer.Argument(help="the 
         source, model, output.out, options=options, progress=progress), output.out, output.json)
 
 
-@app.command()
+@app.command(cls=helptexts.Command, epilog=helptexts.BENCH, rich_help_panel=helptexts.PROVE_COMMANDS)
 @_guard
 @takes(output=output_group, load=load_group, export=export_group, proof=proof_group, bench=bench_group,
        runtime=runtime_group)
@@ -203,7 +214,7 @@ def bench(source: SourceArg,
         output.out, output.json)
 
 
-@app.command()
+@app.command(cls=helptexts.Command, epilog=helptexts.EXPORT_EXAMPLES, rich_help_panel=helptexts.PROVE_COMMANDS)
 @_guard
 @takes(output=output_group, load=load_group, export=export_group, proof=proof_group, runtime=runtime_group)
 def export(source: SourceArg, output: Output, load: LoadOptions, export: ExportOptions, proof: ProofOptions,
@@ -216,7 +227,7 @@ def export(source: SourceArg, output: Output, load: LoadOptions, export: ExportO
              output.out, output.json)
 
 
-@app.command()
+@app.command(cls=helptexts.Command, epilog=helptexts.COMPARE, rich_help_panel=helptexts.PROVE_COMMANDS)
 @_guard
 @takes(output=output_group, load=load_group, proof=proof_group, runtime=runtime_group)
 def compare(source: Annotated[str, typer.Argument(help="model source, e.g. model.py:Net")],
@@ -230,7 +241,7 @@ def compare(source: Annotated[str, typer.Argument(help="model source, e.g. model
         source, model, output.out, options=options, progress=progress), output.out, output.json)
 
 
-@app.command()
+@app.command(cls=helptexts.Command, epilog=helptexts.CHECK, rich_help_panel=helptexts.INSPECT_COMMANDS)
 @_guard
 def check(model: Annotated[Path, typer.Argument(help="an .onnx file")], json_out: JsonOpt = False) -> None:
     """Structural checks and graph summary of an ONNX file (no PyTorch model needed)."""
@@ -247,27 +258,27 @@ def check(model: Annotated[Path, typer.Argument(help="an .onnx file")], json_out
     raise typer.Exit(EXIT_OK if res.ok else EXIT_VALIDATION_FAILED)
 
 
-@app.command()
+@app.command(cls=helptexts.Command, epilog=helptexts.SERVE, rich_help_panel=helptexts.DEPLOY_COMMANDS)
 @_guard
 @takes(runtime=runtime_group)
 def serve(path: Annotated[Path, typer.Argument(help="an output folder, a .onnx file, or a Triton-style repository")],
-          host: Annotated[str, typer.Option("--host", help="address to bind (default: loopback only)")] = "127.0.0.1",
-          port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port")] = 8000,
-          max_batch: Annotated[int | None, typer.Option("--max-batch", help="rows per batched run (1: off)")] = None,
-          max_delay_ms: Annotated[float | None, typer.Option("--max-delay-ms", help="longest wait to fill a batch")] = None,
-          max_body_mb: Annotated[float, typer.Option("--max-body-mb", help="largest request body (HTTP) or message (gRPC)")] = 64.0,
-          name: Annotated[str | None, typer.Option(
+          host: Annotated[str, _serving("--host", help="address to bind (default: loopback only)")] = "127.0.0.1",
+          port: Annotated[int, _serving("--port", min=1, max=65535, help="TCP port")] = 8000,
+          max_batch: Annotated[int | None, _serving("--max-batch", help="rows per batched run (1: off)")] = None,
+          max_delay_ms: Annotated[float | None, _serving("--max-delay-ms", help="longest wait to fill a batch")] = None,
+          max_body_mb: Annotated[float, _limits("--max-body-mb", help="largest request body (HTTP) or message (gRPC)")] = 64.0,
+          name: Annotated[str | None, _serving(
               "--name", help="the served model's name (default: the output folder's or file's name)")] = None,
-          grpc_port: Annotated[int | None, typer.Option(
+          grpc_port: Annotated[int | None, _serving(
               "--grpc-port", min=1, max=65535, help="also serve Triton gRPC on this port (same host; default: off)")] = None,
-          header_timeout_s: Annotated[float, typer.Option(
+          header_timeout_s: Annotated[float, _limits(
               "--header-timeout-s", help="HTTP: longest a request's headers may take to arrive")] = 10.0,
-          body_timeout_s: Annotated[float, typer.Option(
+          body_timeout_s: Annotated[float, _limits(
               "--body-timeout-s", help="HTTP: longest a request's body may take to arrive, after its headers")] = 60.0,
-          idle_timeout_s: Annotated[float, typer.Option(
+          idle_timeout_s: Annotated[float, _limits(
               "--idle-timeout-s", help="HTTP: longest a connection may stay open with no request under way")] = 5.0,
-          custom_op_python: Annotated[list[Path] | None, typer.Option(
-              "--custom-op-python", help="Python file registering ort_python_op implementations; repeatable")] = None,
+          custom_op_python: Annotated[list[Path] | None, _runtime(
+              "--custom-op-python", metavar="FILE.py", help="Python file registering ort_python_op implementations; repeatable")] = None,
           *, runtime: RuntimeOptions) -> None:
     """Serve models over the Open Inference Protocol v2 (KServe v2 / Triton HTTP, and gRPC with --grpc-port)
     with dynamic batching."""
@@ -312,15 +323,15 @@ def serve(path: Annotated[Path, typer.Argument(help="an output folder, a .onnx f
         raise typer.Exit(0) from None
 
 
-@app.command()
+@app.command(cls=helptexts.Command, epilog=helptexts.TRITON, rich_help_panel=helptexts.DEPLOY_COMMANDS)
 @_guard
 def triton(out: Annotated[Path, typer.Argument(help="an output folder (or a .onnx file)")],
-           repo: Annotated[Path, typer.Option("--repo", help="the model repository to write")],
-           name: Annotated[str | None, typer.Option("--name", help="model name in the repository")] = None,
-           max_batch: Annotated[int, typer.Option("--max-batch", help="max_batch_size")] = 32,
-           max_delay_ms: Annotated[float, typer.Option("--max-delay-ms", help="dynamic batching delay")] = 2.0,
-           instances: Annotated[int, typer.Option("--instances", help="instance_group count")] = 1,
-           gpu: Annotated[bool, typer.Option("--gpu", help="GPU instances and the TensorRT accelerator")] = False,
+           repo: Annotated[Path, _output("--repo", help="the model repository to write")],
+           name: Annotated[str | None, _output("--name", help="model name in the repository")] = None,
+           max_batch: Annotated[int, _serving("--max-batch", help="max_batch_size")] = 32,
+           max_delay_ms: Annotated[float, _serving("--max-delay-ms", help="dynamic batching delay")] = 2.0,
+           instances: Annotated[int, _serving("--instances", help="instance_group count")] = 1,
+           gpu: Annotated[bool, _serving("--gpu", help="GPU instances and the TensorRT accelerator")] = False,
            json_out: JsonOpt = False, force: ForceOpt = False) -> None:
     """Write a Triton Inference Server model repository and a KServe InferenceService manifest."""
     from onnxport.core.errors import UsageError
@@ -354,11 +365,11 @@ def triton(out: Annotated[Path, typer.Argument(help="an output folder (or a .onn
             err.print(f"[yellow]warning:[/] {escape(warning)}", markup=True)
 
 
-@app.command()
+@app.command(cls=helptexts.Command, epilog=helptexts.VIEW, rich_help_panel=helptexts.INSPECT_COMMANDS)
 @_guard
 def view(model: Annotated[Path, typer.Argument(help="an .onnx file")],
          port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port")] = 8080) -> None:
-    """Open the model in Netron (needs the optional extra: pip install 'onnxport[view]')."""
+    r"""Open the model in Netron (needs the optional extra: pip install 'onnxport\[view]')."""
     from onnxport.core.errors import UsageError, missing_dependency
 
     if not model.is_file():
@@ -375,7 +386,8 @@ def view(model: Annotated[Path, typer.Argument(help="an .onnx file")],
         raise typer.Exit(0) from None
 
 
-@app.command("report")
+@app.command("report", cls=helptexts.Command, epilog=helptexts.REPORT,
+             rich_help_panel=helptexts.INSPECT_COMMANDS)
 @_guard
 def report_cmd(out: Annotated[Path, typer.Argument(help="an output folder holding report.json")]) -> None:
     """Re-render report.html and report.md from OUT/report.json."""
@@ -394,7 +406,7 @@ def report_cmd(out: Annotated[Path, typer.Argument(help="an output folder holdin
         err.print(f"  wrote     {path}")
 
 
-@app.command()
+@app.command(cls=helptexts.Command, epilog=helptexts.DOCTOR, rich_help_panel=helptexts.INSPECT_COMMANDS)
 @_guard
 def doctor(json_out: JsonOpt = False) -> None:
     """Versions of torch/onnx/onnxruntime, providers, max opsets, CPU features."""

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
+from onnxport.cli import helptexts
 from onnxport.core.options import (
     BenchOptions,
     ExportOptions,
@@ -23,6 +24,15 @@ from onnxport.core.options import (
     RuntimeOptions,
 )
 from onnxport.core.records import Tolerance
+
+# typer.Option with the --help panel its options are listed in (onnxport.cli.helptexts)
+_output = functools.partial(typer.Option, rich_help_panel=helptexts.OUTPUT)
+_source = functools.partial(typer.Option, rich_help_panel=helptexts.SOURCE)
+_export = functools.partial(typer.Option, rich_help_panel=helptexts.EXPORT)
+_proof = functools.partial(typer.Option, rich_help_panel=helptexts.PROOF)
+_optimize = functools.partial(typer.Option, rich_help_panel=helptexts.OPTIMIZE)
+_runtime = functools.partial(typer.Option, rich_help_panel=helptexts.RUNTIME)
+_bench = functools.partial(typer.Option, rich_help_panel=helptexts.BENCHMARK)
 
 
 def takes(**groups: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -67,9 +77,9 @@ class Output:
 
 
 def output_group(
-    out: Annotated[Path, typer.Option("--out", "-o", help="output folder")] = Path("onnxport-out"),
-    force: Annotated[bool, typer.Option("--force", help="overwrite earlier results in --out")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON on stdout")] = False,
+    out: Annotated[Path, _output("--out", "-o", help="output folder")] = Path("onnxport-out"),
+    force: Annotated[bool, _output("--force", help="overwrite earlier results in --out")] = False,
+    json_out: Annotated[bool, _output("--json", help="print the report as JSON on stdout")] = False,
 ) -> Output:
     return Output(out, force, json_out)
 
@@ -78,22 +88,28 @@ def output_group(
 
 
 def load_group(
-    input: Annotated[list[str] | None, typer.Option(
-        "--input", "-i", help="NAME:DTYPE[d0,d1,...]{LO..HI}; repeatable")] = None,
-    dim: Annotated[list[str] | None, typer.Option("--dim", "-d", help="SYMBOL=MIN..MAX; repeatable")] = None,
-    model_args: Annotated[str | None, typer.Option(
-        "--model-args", help="JSON object of constructor arguments")] = None,
-    weights: Annotated[str | None, typer.Option("--weights", help="state_dict (.pt/.pth) or .safetensors")] = None,
-    task: Annotated[str | None, typer.Option("--task", help="Hugging Face task, e.g. text-classification")] = None,
-    trust_remote_code: Annotated[bool, typer.Option(
+    input: Annotated[list[str] | None, _source(
+        "--input", "-i", metavar="SPEC",
+        help=helptexts.literal("one model input, NAME:DTYPE[d0,d1,...]{LO..HI}, e.g. 'x:float32[batch,3,224,224]'; "
+                               "repeatable (default: inferred from the source where it can be)"))] = None,
+    dim: Annotated[list[str] | None, _source(
+        "--dim", "-d", metavar="SYMBOL=MIN..MAX",
+        help="the range a dynamic dim must work over (or SYMBOL=A,B,C); repeatable")] = None,
+    model_args: Annotated[str | None, _source(
+        "--model-args", metavar="JSON", help="JSON object of constructor arguments")] = None,
+    weights: Annotated[str | None, _source(
+        "--weights", metavar="FILE", help="state_dict (.pt/.pth) or .safetensors")] = None,
+    task: Annotated[str | None, _source("--task", help="Hugging Face task, e.g. text-classification")] = None,
+    trust_remote_code: Annotated[bool, _source(
         "--trust-remote-code", help="allow a Hugging Face model's own code")] = False,
-    compare: Annotated[list[str] | None, typer.Option(
-        "--compare", help="OUTPUT=detections|topk|cosine|exact: how parity judges an output (default: exact, "
-                          "detections for outputs named *boxes/*scores/*labels); repeatable")] = None,
-    working_sizes: Annotated[bool, typer.Option(
+    compare: Annotated[list[str] | None, _proof(
+        "--compare", metavar="OUTPUT=HOW",
+        help="OUTPUT=detections|topk|cosine|exact: how parity judges an output (default: exact, detections for "
+             "outputs named *boxes/*scores/*labels); repeatable")] = None,
+    working_sizes: Annotated[bool, _proof(
         "--working-sizes", help="when the model runs at some sizes of a dim only, prove at those (the default)")
     ] = False,
-    strict_dims: Annotated[bool, typer.Option(
+    strict_dims: Annotated[bool, _proof(
         "--strict-dims", help="when the model runs at some sizes of a dim only, exit 2 listing which sizes run "
                               "(default: prove at those, with a constrained-dim warning)")] = False,
 ) -> LoadOptions:
@@ -105,13 +121,13 @@ def load_group(
 
 
 def export_group(
-    exporter: Annotated[str, typer.Option(
+    exporter: Annotated[str, _export(
         "--exporter", help="auto | dynamo | torchscript | cond | script | scan (auto: dynamo, torchscript, then the "
         "control-flow strategies when those fail or freeze a branch or loop; the newest opset onnxruntime can "
         "run)")] = "auto",
-    opset: Annotated[int | None, typer.Option(
+    opset: Annotated[int | None, _export(
         "--opset", help="ONNX opset (default: newest supported, >= 17)")] = None,
-    max_length: Annotated[int | None, typer.Option(
+    max_length: Annotated[int | None, _export(
         "--max-length", min=2, help="causal LMs (hf:DIR *ForCausalLM): the most tokens (prompt + generated) the "
                                     "exported KV cache holds, proven up to there (default 128)")] = None,
 ) -> ExportOptions:
@@ -122,18 +138,18 @@ def export_group(
 
 
 def proof_group(
-    atol: Annotated[float, typer.Option("--atol", help="absolute tolerance (fp32 default 1e-4)")] = 1e-4,
-    rtol: Annotated[float, typer.Option("--rtol", help="relative tolerance (fp32 default 1e-3)")] = 1e-3,
-    samples: Annotated[Path | None, typer.Option(
+    atol: Annotated[float, _proof("--atol", help="absolute tolerance (fp32 default 1e-4)")] = 1e-4,
+    rtol: Annotated[float, _proof("--rtol", help="relative tolerance (fp32 default 1e-3)")] = 1e-3,
+    samples: Annotated[Path | None, _proof(
         "--samples", help="your own inputs, proven one by one and used to calibrate int8: a .npz/.npy of arrays "
                           "(named after the inputs, a leading sample axis), a .txt/.jsonl of texts, or a folder of "
                           "images")] = None,
-    tokenizer: Annotated[Path | None, typer.Option(
+    tokenizer: Annotated[Path | None, _proof(
         "--tokenizer", help="Hugging Face tokenizer folder for --samples texts (default: the hf:DIR model's "
                             "own)")] = None,
-    preprocess: Annotated[str | None, typer.Option(
-        "--preprocess", help="file.py:function turning a PIL image into the model's input array [C,H,W] for "
-                             "--samples images (default: the transform of the torchvision/timm/Hugging Face "
+    preprocess: Annotated[str | None, _proof(
+        "--preprocess", help="file.py:function turning a PIL image into the model's input array \\[C,H,W] "
+                             "for --samples images (default: the transform of the torchvision/timm/Hugging Face "
                              "source)")] = None,
 ) -> ProofOptions:
     return ProofOptions(Tolerance(atol, rtol), samples, tokenizer, preprocess)
@@ -144,13 +160,13 @@ def proof_group(
 
 def _optimize_group(default: str) -> Callable[..., OptimizeOptions]:
     def optimize_group(
-        variants: Annotated[str | None, typer.Option(
+        variants: Annotated[str | None, _optimize(
             "--variants", help=f"optimized variants to build and re-prove: {default} (default), "
                                f"{'all' if default == 'auto' else 'auto'} (auto: those that can win for this model "
                                "on this device), or a list such as slim,ort,fused,fp16,int8")] = None,
-        budget: Annotated[float | None, typer.Option(
+        budget: Annotated[float | None, _optimize(
             "--budget", min=1, help="seconds for building and proving variants: none is started after that")] = None,
-        seq: Annotated[int | None, typer.Option(
+        seq: Annotated[int | None, _optimize(
             "--seq", min=1, help="sequence length of your traffic: variants are timed and the best chosen there "
                                  "(default: the export size; a decoder's timed prompt length)")] = None,
     ) -> OptimizeOptions:
@@ -167,13 +183,13 @@ optimize_group = _optimize_group("all")
 
 
 def runtime_group(
-    device: Annotated[str, typer.Option("--device", help="cpu | cuda")] = "cpu",
-    custom_op_library: Annotated[list[Path] | None, typer.Option(
-        "--custom-op-library", help="compiled ONNX Runtime custom-op library (.so) loaded into every session; "
+    device: Annotated[str, _runtime("--device", help="cpu | cuda")] = "cpu",
+    custom_op_library: Annotated[list[Path] | None, _runtime(
+        "--custom-op-library", metavar="LIB.so", help="compiled ONNX Runtime custom-op library (.so) loaded into every session; "
                                     "repeatable")] = None,
-    trt_fp16: Annotated[bool, typer.Option("--trt-fp16", help="TensorRT may run layers in fp16")] = False,
-    trt_workspace_gb: Annotated[float, typer.Option("--trt-workspace-gb", help="TensorRT workspace")] = 2.0,
-    trt_engine_cache: Annotated[Path | None, typer.Option(
+    trt_fp16: Annotated[bool, _runtime("--trt-fp16", help="TensorRT may run layers in fp16")] = False,
+    trt_workspace_gb: Annotated[float, _runtime("--trt-workspace-gb", help="TensorRT workspace")] = 2.0,
+    trt_engine_cache: Annotated[Path | None, _runtime(
         "--trt-engine-cache", help="folder where TensorRT keeps built engines")] = None,
 ) -> RuntimeOptions:
     gpu = GpuOptions(fp16=trt_fp16, trt_workspace_bytes=int(trt_workspace_gb * 1024**3),
@@ -185,13 +201,13 @@ def runtime_group(
 
 
 def bench_group(
-    batch: Annotated[list[int] | None, typer.Option("--batch", "-b", help="batch sizes (repeatable)")] = None,
-    seq: Annotated[list[int] | None, typer.Option("--seq", help="sequence lengths to sweep (repeatable)")] = None,
-    threads: Annotated[int | None, typer.Option("--threads", help="threads for every backend")] = None,
-    seconds: Annotated[float, typer.Option("--seconds", help="time budget per size")] = 10.0,
-    tune: Annotated[bool, typer.Option("--tune", help="search ONNX Runtime session options")] = False,
-    compile_: Annotated[bool, typer.Option("--compile", help="also time torch.compile")] = False,
-    io_binding: Annotated[bool | None, typer.Option(
+    batch: Annotated[list[int] | None, _bench("--batch", "-b", metavar="N", help="batch sizes (repeatable)")] = None,
+    seq: Annotated[list[int] | None, _bench("--seq", metavar="N", help="sequence lengths to sweep (repeatable)")] = None,
+    threads: Annotated[int | None, _bench("--threads", help="threads for every backend")] = None,
+    seconds: Annotated[float, _bench("--seconds", help="time budget per size")] = 10.0,
+    tune: Annotated[bool, _bench("--tune", help="search ONNX Runtime session options")] = False,
+    compile_: Annotated[bool, _bench("--compile", help="also time torch.compile")] = False,
+    io_binding: Annotated[bool | None, _bench(
         "--io-binding/--no-io-binding", help="ONNX Runtime runs through IO binding, inputs and outputs on the "
                                              "device (default: on with --device cuda)")] = None,
 ) -> BenchOptions:
