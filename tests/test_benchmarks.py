@@ -211,3 +211,14 @@ def test_catalogue(tmp_path):
     assert rows["vit_h_14"]["outcome"] == "too large" and rows["vit_h_14"]["parameters"] > 150_000_000
     assert rows["no_such_model"]["outcome"] == "refused" and "no model" in rows["no_such_model"]["line"]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"too large": 1, "refused": 1}
+
+
+def test_gates_check(tmp_path):
+    out = tmp_path / "gates.json"
+    proc = bench("gates_check.py", "--source", f"{MODELS}:TinyMLP", "-i", "x:float32[batch,8]", "--inputs", "8",
+                 "--variants", "int8", "--root", str(tmp_path / "runs"), "--json", str(out))
+    assert re.search(r"^TinyMLP +int8 .*centred top-1 \d\.\d{4} \(raw \d\.\d{4}, classes \d+\) +centred cosine min "
+                     r"-?\d\.\d{4}", proc.stdout, re.M)
+    row = json.loads(out.read_text())["models"]["TinyMLP"]
+    assert row["exit"] == 0 and row["best"] in row["variants"] and row["variants"]["int8"]["rows"] >= 8
+    assert json.loads(out.read_text())["command"].startswith("python benchmarks/gates_check.py --source")

@@ -544,7 +544,8 @@ def _batch_invariance(run: Run, loaded: LoadedModel, diags: list[Diagnostic]) ->
     if invariance.applicable and not invariance.passed:
         diags.append(warning(
             "batch-dependent", f"a row's outputs change when it runs inside a batch of {invariance.rows} "
-            f"(up to {invariance.max_abs_diff:.3g}, row {invariance.worst_row})",
+            f"(up to {invariance.max_abs_diff:.3g}, row {invariance.worst_row}"
+            + (f"; {invariance.reason})" if invariance.reason else ")"),
             hint="the graph mixes rows (a batch statistic, a reduction over axis 0): do not batch requests "
                  "to it; onnxport serve runs each request alone"))
     return invariance if invariance.applicable else None

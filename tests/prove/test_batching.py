@@ -96,3 +96,27 @@ def test_serve_does_not_batch_a_variant_that_is_not_batch_invariant(tmp_path, pr
     rep["variants"][0]["batch_invariant"]["passed"] = True
     (folder / "report.json").write_text(json.dumps(rep))
     assert discover(folder)[0].batching_off is None
+
+
+def test_a_graph_that_mixes_rows_below_the_raw_tolerance_fails_on_what_varies(tmp_path):
+    """Outputs of ~100 (one input-independent offset) whose input-dependent part reads the batch's mean by less
+    than the raw tolerance at 100 allows: centred by the rows' mean alone, the part that varies differs."""
+    src = tmp_path / "offset.py"
+    src.write_text("import torch\nclass Offset(torch.nn.Module):\n    def forward(self, x):\n"
+                   "        return 100.0 + 1e-2 * x + MIX * x.mean(dim=0, keepdim=True).flip(-1)\n")
+    loaded = {}
+    for mix in ("0.0", "1e-3"):
+        (tmp_path / f"m{mix}").mkdir()
+        (tmp_path / f"m{mix}" / "offset.py").write_text(src.read_text().replace("MIX", mix))
+        rep = export(f"{tmp_path / f'm{mix}' / 'offset.py'}:Offset", tmp_path / f"m{mix}" / "out",
+                     inputs=["x:float32[batch,16]"], exporter="torchscript")
+        loaded[mix] = (load_model(f"{tmp_path / f'm{mix}' / 'offset.py'}:Offset", inputs=["x:float32[batch,16]"]),
+                       tmp_path / f"m{mix}" / "out" / "model.onnx", rep)
+    model, path, _ = loaded["1e-3"]
+    res = batching.check(model, path)
+    assert res.max_abs_diff < 0.1 and not res.passed  # the raw tolerance at 100 (0.1) lets the mixing through
+    assert res.cosine_centred < 0.999 and "centred cosine" in res.reason
+    model, path, rep = loaded["0.0"]
+    fine = batching.check(model, path)
+    assert fine.passed and fine.cosine_centred > 0.9999 and not fine.cannot_tell
+    assert rep["validation"]["batch_invariance"]["cosine_centred"] is not None

@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxport.core.records import FP32
-from onnxport.prove.judging import WITHIN, Policy, RunResults, compare_accuracy, metrics_of, verdict
+from onnxport.core.records import FP32, Tolerance
+from onnxport.prove.judging import (
+    WITHIN,
+    Accuracy,
+    Policy,
+    RunResults,
+    compare_accuracy,
+    metrics_of,
+    token_agreement,
+    varying_record,
+    verdict,
+)
 from onnxport.prove.varying import COSINE, RAW_TOP1, TOP1, centred
 
 RNG = np.random.default_rng(0)
@@ -63,3 +73,36 @@ def test_metrics_without_fallback_leave_out_what_cannot_tell():
     found = _accuracy(flat, flat)
     names = [m.name for m in metrics_of(found, Policy(FP32, False, True, 0.99, 0.95, top1=True))]
     assert names == ["cosine", "top1_agreement"]
+
+
+TOKENS_EXACT = Policy(FP32, True, False, 0.99, 0.95, tokens=True, top1_name="greedy tokens equal", top1=True)
+TOKENS_INT8 = Policy(FP32, False, True, 0.99, 0.95, top1_name="teacher-forced top-1", top1=True, fallback=True)
+
+
+def test_one_token_for_every_prompt_cannot_tell_and_falls_back_to_the_logits():
+    one = np.full((3, 8), 7)
+    assert "token 7 at every step" in token_agreement(one, one).untold
+    same_rows = np.tile(np.arange(8), (3, 1))
+    assert "same 8 tokens for every one of the 3 prompts" in token_agreement(same_rows, same_rows).untold
+    assert token_agreement(np.arange(24).reshape(3, 8), np.arange(24).reshape(3, 8)).untold is None
+    logits = RNG.normal(size=(3, 5, 32))
+    # the tokens agree (one token everywhere), the logits are off at their own scale: rejected, and it says why
+    found = compare_accuracy(RunResults.of(["s"], [(logits + 5e-3,)]), RunResults.of(["s"], [(logits,)]),
+                             Tolerance(1e-2, 1e-2))
+    judged = verdict(found, TOKENS_EXACT, token_agreement(one, one))
+    assert judged.passed  # within the given tolerance at the logits' scale: the fallback can tell, and holds
+    found = compare_accuracy(RunResults.of(["s"], [(logits * 1e-3 + 1e-5,)]), RunResults.of(["s"], [(logits * 1e-3,)]),
+                             FP32)
+    assert found.within  # the raw tolerance lets an error of 1e-5 through on logits of 1e-3...
+    judged = verdict(found, TOKENS_EXACT, token_agreement(one, one))
+    assert not judged.passed and "greedy tokens cannot tell" in judged.reason  # ...their own scale does not
+    assert any(m.name == WITHIN for m in judged.metrics)
+    assert "greedy tokens" in varying_record(found.varying, token_agreement(one, one))["cannot_tell"]
+
+
+def test_a_variant_judged_by_nothing_that_can_tell_is_not_passed():
+    one = np.full((2, 4), 3)
+    judged = verdict(Accuracy(2, cosine=1.0, top1=1.0), TOKENS_INT8, token_agreement(one, one))
+    assert not judged.passed and "judged by nothing that can tell: greedy tokens" in judged.reason
+    varied = np.array([[1, 2, 3, 4], [4, 3, 2, 1]])
+    assert verdict(Accuracy(2, cosine=1.0, top1=1.0), TOKENS_INT8, token_agreement(varied, varied)).passed

@@ -223,6 +223,7 @@ class ParityResult:
     diagnostics: tuple[Diagnostic, ...] = ()
     load_error: str | None = None
     cannot_tell: Mapping[str, str] = field(default_factory=dict)  # outputs whose references cannot tell, and why
+    varying: Mapping[str, dict] = field(default_factory=dict)  # --compare rules judged over the cases (prove.across)
 
     @property
     def max_abs_err(self) -> float:
@@ -270,7 +271,13 @@ class BatchInvariance:
     worst_row: int | None = None
     applicable: bool = True  # False: the model has no batch axis to check
     reason: str | None = None
+    cosine_centred: float | None = None  # lowest cosine of the rows centred by their mean alone (prove.varying)
+    within_own_scale: float | None = None  # share of elements within the tolerance at the output's own scale
+    cannot_tell: Mapping[str, str] = field(default_factory=dict)  # per output, why its centred rows cannot tell
 
     def to_dict(self) -> dict:
         return {"rows": self.rows, "passed": self.passed, "max_abs_diff": finite(self.max_abs_diff),
-                "worst_row": self.worst_row, "applicable": self.applicable, "reason": self.reason}
+                "worst_row": self.worst_row, "applicable": self.applicable, "reason": self.reason,
+                "cosine_centred": None if self.cosine_centred is None else round(self.cosine_centred, 6),
+                "within_own_scale": None if self.within_own_scale is None else round(self.within_own_scale, 6),
+                "cannot_tell": dict(self.cannot_tell)}

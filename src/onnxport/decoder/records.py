@@ -239,6 +239,7 @@ class DecoderVariant(VariantRecord):
     passed: bool = False
     error: str | None = None
     notes: tuple[str, ...] = ()  # how it was built, and the routes that matched nothing
+    varying: dict | None = None  # the centred logit figures and what cannot tell (prove.judging.varying_record)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "path": None if self.path is None else str(self.path),
@@ -247,7 +248,8 @@ class DecoderVariant(VariantRecord):
                 "top1_agreement": _round(self.top1), "greedy_steps_agreeing": self.greedy_steps,
                 "greedy_tokens": self.greedy_tokens, "decode_tok_s": _round(self.decode_tok_s, 2),
                 "prompt_ms": _round(self.prompt_ms, 3), "passed": self.passed, "error": self.error,
-                "notes": list(self.notes), "skip_reason": None if self.skip_reason is None else self.skip_reason.value}
+                "notes": list(self.notes), "skip_reason": None if self.skip_reason is None else self.skip_reason.value,
+                **({"varying": self.varying} if self.varying is not None else {})}
 
 
 

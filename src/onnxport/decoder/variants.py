@@ -44,7 +44,15 @@ from onnxport.optimize.graph import short_error
 from onnxport.optimize.passes import Budget, Unmade, VariantPass, build_into, each_variant
 from onnxport.optimize.registry import BASELINE, register, register_judge
 from onnxport.optimize.result import SkipReason
-from onnxport.prove.judging import Policy, RunResults, compare_accuracy, run_cases, token_agreement, verdict
+from onnxport.prove.judging import (
+    Policy,
+    RunResults,
+    compare_accuracy,
+    run_cases,
+    token_agreement,
+    varying_record,
+    verdict,
+)
 from onnxport.prove.references import Refs, run_over
 from onnxport.runtime.sessions import CPU, session, write_optimized
 
@@ -403,13 +411,13 @@ def judge(name: str, path: Path, layout: CacheLayout, refs: References, toleranc
     top1 = token_agreement(forced, refs.tokens).share
     found = replace(found, top1=top1)
     tokens = token_agreement(own, refs.tokens)
-    judged = verdict(found, policy(name, tolerance))
+    judged = verdict(found, policy(name, tolerance), tokens)  # policy.tokens is off: greedy steps inform only
     prompt = max(1, min(prompt, layout.max_length - 2))
     n = max(1, min(SPEED_TOKENS, layout.max_length - prompt - 1))
     prompt_s, tok_s = decode_speed(sess, layout, prompt=prompt, tokens=n)
     return DecoderVariant(name, path, file_bytes(path), fused_ops(op_counts(path)), found.max_abs_err, found.within,
                           found.cosine, top1, tokens.steps, tokens.total, tok_s, prompt_s * 1000, judged.passed,
-                          judged.reason, notes, metrics=judged.metrics)
+                          judged.reason, notes, metrics=judged.metrics, varying=varying_record(found.varying, tokens))
 
 
 register_judge(DECODER, judge)

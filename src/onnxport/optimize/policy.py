@@ -42,16 +42,15 @@ from onnxport.prove.judging import (
     Accuracy,
     Policy,
     RunResults,
-    cannot_tell,
     compare_accuracy,
     metrics_of,
     run_cases,
+    varying_record,
     verdict,
 )
 from onnxport.prove.parity import compare
 from onnxport.prove.references import Refs, fingerprint
 from onnxport.prove.samples import SampleRefs
-from onnxport.prove.varying import Varying
 from onnxport.runtime.feeds import FeedMap
 from onnxport.runtime.sessions import session
 from onnxport.sources.base import LoadedModel
@@ -232,13 +231,6 @@ def prove(loaded: LoadedModel, name: str, path: Path, refs: Refs, tolerance: Tol
                  max_abs_err=float(err) if np.isfinite(err) else None, metrics=metrics, metric=judged.headline,
                  divergence=found_at, divergence_error=why, samples=on_samples,
                  varying=varying_record(found.varying))
-
-
-def varying_record(v: Varying | None) -> dict | None:
-    """report.json ``variants[].varying``: the centred figures and what cannot tell (:mod:`onnxport.prove.varying`)."""
-    if v is None:
-        return None
-    return {**v.to_dict(), "cannot_tell": cannot_tell(v)}
 
 
 def _localize(loaded: LoadedModel, path: Path, refs: Refs, result: ParityResult,

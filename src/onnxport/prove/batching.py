@@ -15,7 +15,9 @@ import torch
 
 from onnxport.core.records import FP32, BatchInvariance, Tolerance
 from onnxport.core.samples import export_sizes, make_inputs
+from onnxport.prove.across import centred_cosine_min
 from onnxport.prove.compare import compare_arrays
+from onnxport.prove.varying import COSINE, centred
 from onnxport.runtime.feeds import FeedMap
 from onnxport.runtime.sessions import session
 from onnxport.sources.base import LoadedModel
@@ -67,11 +69,48 @@ def check(loaded: LoadedModel, path: str | Path, *, rows: int | None = None, tol
                                reason=f"output '{unbatched[0]}' is not split by row (shape {list(unbatched[1])} for "
                                       f"a batch of {rows}): a server cannot hand each request its row")
     worst, worst_row, passed = 0.0, None, True
+    singles: list[list[np.ndarray]] = [[] for _ in together]
     for r in range(rows):
         alone = sess.run(None, feed(tuple(t[r:r + 1] for t in batch)))
-        for got_batched, got_alone in zip(together, alone):
+        for i, (got_batched, got_alone) in enumerate(zip(together, alone)):
             diff, _, ok = compare_arrays(np.asarray(got_alone), np.asarray(got_batched)[r:r + 1], tolerance)
+            singles[i].append(np.asarray(got_alone))
             if diff > worst:
                 worst, worst_row = diff, r
             passed &= ok
-    return BatchInvariance(rows, bool(passed), float(worst), worst_row)
+    names = [o.name for o in sess.get_outputs()]
+    cos, within, untold, held = _varying(names, singles, together, tolerance)
+    why = None
+    if not held:
+        why = (f"on what varies between the rows, the centred cosine is {cos:.4f} (below "
+               f"{centred_cosine_min(tolerance):.4f})" if cos is not None and cos < centred_cosine_min(tolerance)
+               else f"where the centred rows cannot tell, {1 - (within or 0.0):.1%} of the elements are outside "
+               "the tolerance at the output's own scale")
+    return BatchInvariance(rows, bool(passed and held), float(worst), worst_row, reason=why, cosine_centred=cos,
+                           within_own_scale=within, cannot_tell=untold)
+
+
+def _varying(names: list[str], singles: list[list[np.ndarray]], together: list, tolerance: Tolerance
+             ) -> tuple[float | None, float | None, dict[str, str], bool]:
+    """Each float output's rows alone against the same rows batched, on what varies between the rows (centred by
+    their mean alone, :mod:`onnxport.prove.varying`): the lowest centred cosine must reach
+    :func:`~onnxport.prove.across.centred_cosine_min`; an output whose centred rows cannot tell is held to every
+    element within the tolerance at its own scale. (lowest cosine, lowest share within, why not per output, held)."""
+    cosines: list[float] = []
+    shares: list[float] = []
+    untold: dict[str, str] = {}
+    held = True
+    for name, alone, batched in zip(names, singles, together):
+        ref = np.concatenate(alone)
+        if not np.issubdtype(ref.dtype, np.floating) or ref.shape != np.shape(batched):
+            continue
+        v = centred([ref], [np.asarray(batched)], tolerance)
+        if v.within is not None:
+            shares.append(v.within)
+        if v.cosine is not None:
+            cosines.append(v.cosine)
+            held &= v.cosine >= centred_cosine_min(tolerance)
+        else:
+            untold[name] = v.cannot_tell.get(COSINE, "cannot tell")
+            held &= v.within is not None and v.within >= 1.0
+    return min(cosines, default=None), min(shares, default=None), untold, held

@@ -194,7 +194,7 @@ def judge(loaded: LoadedModel, pairs: Sequence[tuple[str, np.ndarray, np.ndarray
     worst_abs = worst_rel = 0.0
     ok = True
     problems: list[str] = []
-    got_by = {n: _defined(r, np.asarray(g), (undefined or {}).get(n)) for n, r, g in pairs}
+    got_by = {n: defined(r, np.asarray(g), (undefined or {}).get(n)) for n, r, g in pairs}
     ref_by = {n: r for n, r, _ in pairs}
     groups = {p: g for p, g in detection_groups([n for n, _, _ in pairs]).items()
               if all(loaded.compare.get(n) == "detections" for n in g.values()) and detection_shaped(g, ref_by)}
@@ -282,7 +282,7 @@ def undefined_positions(mask: np.ndarray, out_shape: Sequence[int]) -> np.ndarra
     return where.reshape(where.shape + (1,) * (len(out_shape) - where.ndim))
 
 
-def _defined(ref: np.ndarray, got: np.ndarray, where: np.ndarray | None) -> np.ndarray:
+def defined(ref: np.ndarray, got: np.ndarray, where: np.ndarray | None) -> np.ndarray:
     """``got`` with the reference's values where ``where`` says the output is undefined."""
     if where is None or ref.shape != got.shape:
         return got

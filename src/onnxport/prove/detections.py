@@ -173,12 +173,14 @@ def _borderline(k: int, own: tuple, other: tuple, margin: float, params: Detecti
 
 
 def match_detections(ref: dict[str, np.ndarray], got: dict[str, np.ndarray], tol: Tolerance,
-                     params: DetectionParams) -> DetectionMatch:
+                     params: DetectionParams, *, strict: bool = False) -> DetectionMatch:
     """Pair detections (same label, IoU ≥ 0.9 — 0.75 at reduced precision — or every corner within 10× the tolerance,
     score within 10× the tolerance); every
     unpaired one must be borderline (see :func:`_borderline`) for the case to pass. With ``masks`` and
     ``keypoints`` (and ``keypoints_scores``) in the dicts, every pair's masks and keypoints must agree too
-    (:func:`mask_ious`, :func:`keypoint_distances`)."""
+    (:func:`mask_ious`, :func:`keypoint_distances`). ``strict``: paired element by element alone (every corner
+    and the score within the tolerance; no IoU): where PyTorch's detections hardly vary between inputs, an IoU of
+    0.9 would pair another input's boxes (prove/across.py)."""
     def parts(d: dict[str, np.ndarray]) -> tuple:
         boxes = np.asarray(d["boxes"], dtype=np.float64).reshape(-1, 4)
         scores = np.asarray(d["scores"], dtype=np.float64).reshape(-1)
@@ -189,9 +191,10 @@ def match_detections(ref: dict[str, np.ndarray], got: dict[str, np.ndarray], tol
     reduced = tol.rtol > 2e-3
     iou = box_iou(r[0], g[0])
     same = r[2][:, None] == g[2][None, :]
-    scores_ok = tol.allows(g[1][None, :], r[1][:, None], times=10)
-    corners_ok = tol.allows(g[0][None, :, :], r[0][:, None, :], times=10).all(-1)
-    pairs = _pairs(iou, same, scores_ok, 0.75 if reduced else 0.9, corners_ok)
+    times = 1 if strict else 10
+    scores_ok = tol.allows(g[1][None, :], r[1][:, None], times=times)
+    corners_ok = tol.allows(g[0][None, :, :], r[0][:, None, :], times=times).all(-1)
+    pairs = _pairs(iou, same, scores_ok, np.inf if strict else 0.75 if reduced else 0.9, corners_ok)
     box_err = max((float(np.abs(r[0][i] - g[0][j]).max()) for i, j in pairs), default=0.0)
     score_err = max((abs(float(r[1][i] - g[1][j])) for i, j in pairs), default=0.0)
     margin = max(10 * score_err, 10 * float(tol.bound(params.score_thresh or 0.0)))

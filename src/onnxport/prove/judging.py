@@ -16,7 +16,7 @@ family. The plain model's elementwise check keeps its per-output rules (detectio
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -26,7 +26,7 @@ from onnxport.prove.compare import row_cosines
 from onnxport.prove.varying import COSINE, RAW_TOP1, TOP1, Varying, centred
 
 __all__ = ["Accuracy", "Policy", "RunResults", "Tokens", "Verdict", "compare_accuracy", "cosine", "run_cases",
-           "token_agreement", "verdict"]
+           "token_agreement", "tokens_untold", "varying_record", "verdict"]
 
 Outputs = tuple[np.ndarray, ...]
 
@@ -186,6 +186,7 @@ class Tokens:
     share: float
     steps: int
     total: int
+    untold: str | None = None  # why PyTorch's tokens cannot tell a right file from a wrong one (tokens_untold)
 
     @property
     def equal(self) -> bool:
@@ -199,7 +200,21 @@ def token_agreement(got: np.ndarray, want: np.ndarray) -> Tokens:
     same = np.all(got[..., :n] == want[..., :n], axis=0) if got.ndim > 1 else got[:n] == want[:n]
     steps = int(same.argmin()) if not same.all() else int(n)
     equal = float(np.sum(got[..., :n] == want[..., :n])) / max(want.size, 1)
-    return Tokens(equal, steps, int(want.shape[-1]))
+    return Tokens(equal, steps, int(want.shape[-1]), tokens_untold(want))
+
+
+def tokens_untold(want: np.ndarray) -> str | None:
+    """Why PyTorch's greedy tokens ``want`` ([prompts, steps]) cannot tell a right file from a wrong one: one token
+    at every step for every prompt, or the same tokens for every prompt (they do not depend on it); None: they can."""
+    want = np.asarray(want)
+    if want.size == 0:
+        return "PyTorch generates no token"
+    first = want.reshape(-1)[0]
+    if bool((want == first).all()):
+        return f"PyTorch generates token {first} at every step for every prompt"
+    if want.ndim > 1 and want.shape[0] > 1 and bool((want == want[:1]).all()):
+        return f"PyTorch generates the same {want.shape[-1]} tokens for every one of the {want.shape[0]} prompts"
+    return None
 
 
 @dataclass(frozen=True)
@@ -282,6 +297,18 @@ def cannot_tell(v: Varying | None) -> dict[str, str]:
     return {words[k]: why for k, why in v.cannot_tell.items() if k in words}
 
 
+def varying_record(v: Varying | None, tokens: Tokens | None = None) -> dict | None:
+    """report.json ``variants[].varying``: the centred figures and what cannot tell (:mod:`onnxport.prove.varying`),
+    PyTorch's greedy tokens included (``greedy tokens``: why they cannot tell)."""
+    untold = None if tokens is None else tokens.untold
+    if v is None and untold is None:
+        return None
+    out = {**(v.to_dict() if v is not None else {}), "cannot_tell": cannot_tell(v)}
+    if untold is not None:
+        out["cannot_tell"]["greedy tokens"] = untold
+    return out
+
+
 def verdict(found: Accuracy, policy: Policy, tokens: Tokens | None = None,
             metrics: Sequence[Metric] | None = None) -> Verdict:
     """Apply ``policy`` to ``found`` (and the greedy ``tokens``, where the family compares them): the same
@@ -304,8 +331,28 @@ def verdict(found: Accuracy, policy: Policy, tokens: Tokens | None = None,
         if policy.fallback and found.varying is not None and found.varying.nothing_tells:
             reasons.append("judged by nothing that can tell: " + "; ".join(
                 f"{k}: {w}" for k, w in cannot_tell(found.varying).items()))
+            tokens = None if tokens is None else replace(tokens, untold=None)  # said: no second reason
     if not policy.elementwise and found.failed:
         reasons.append(found.failed[0][1])
     if policy.tokens and tokens is not None and not tokens.equal:
         reasons.append(f"greedy tokens differ from PyTorch's at step {tokens.steps} of {tokens.total}")
+    if tokens is not None and tokens.untold is not None and (policy.tokens or policy.top1):
+        metrics, more = _tokens_fallback(found, policy, tokens.untold, metrics)
+        reasons += more
     return Verdict(not reasons, tuple(reasons), metrics)
+
+
+def _tokens_fallback(found: Accuracy, policy: Policy, untold: str, metrics: tuple[Metric, ...]
+                     ) -> tuple[tuple[Metric, ...], list[str]]:
+    """Where PyTorch's greedy tokens cannot tell (``untold``), the check that can: the logits' centred cosine
+    (already a gate of a metric policy where it can tell), else every logit within the tolerance at its own
+    scale; (the metrics with that one, the reasons it fails or that nothing can tell)."""
+    v = found.varying
+    if v is None or v.within is None:
+        rest = "".join(f"; {k}: {w}" for k, w in cannot_tell(v).items())
+        return metrics, [f"judged by nothing that can tell: greedy tokens: {untold}{rest}"]
+    if (policy.metric and v.cosine is not None) or any(m.name == WITHIN for m in metrics):
+        return metrics, []
+    within = Metric(WITHIN, v.within, 1.0, v.within >= 1.0)
+    why = [] if within.passed else [f"{WITHIN} {v.within:.4f} below 1.0 (greedy tokens cannot tell: {untold})"]
+    return (*metrics, within), why

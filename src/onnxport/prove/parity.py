@@ -16,7 +16,8 @@ from onnxport.core.diagnostics import Diagnostic, error, info
 from onnxport.core.errors import UsageError
 from onnxport.core.records import FP32, CaseResult, DimCheck, Failure, ParityResult, Tolerance
 from onnxport.core.samples import Case, make_inputs, shapes_for, validation_cases
-from onnxport.prove.compare import IndexSource, judge, undefined_positions
+from onnxport.prove.across import Across, judge_across
+from onnxport.prove.compare import IndexSource, defined, detection_params, judge, undefined_positions
 from onnxport.prove.conditioning import unreliable_rows
 from onnxport.prove.references import Refs, as_numpy, case_key, torch_outputs
 from onnxport.prove.telling import HINT, Seen, cannot_tell, summary, telling_cases
@@ -55,8 +56,9 @@ def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | N
     by_name = all(n in onnx_outputs for n in loaded.output_names)
     diags: list[Diagnostic] = []
     seen: list[dict[str, Seen] | None] = []
+    kept: list[dict] = []
     results = [_run_case(loaded, sess, feed, case, tolerance, onnx_outputs, by_name, known.get(case_key(case)),
-                         seen) for case in cases]
+                         seen, kept) for case in cases]
     spent = spent_before + sum(r.seconds for r in results)
     t_sweep = time.perf_counter()
     cases = list(cases)
@@ -64,7 +66,7 @@ def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | N
         if time.perf_counter() - t_sweep > max(SWEEP_MIN_S, SWEEP_SHARE * spent):
             break  # no longer cheap: the sizes left are not claimed (sizes_passed lists those proven)
         results.append(_run_case(loaded, sess, feed, case, tolerance, onnx_outputs, by_name,
-                                 known.get(case_key(case)), seen))
+                                 known.get(case_key(case)), seen, kept))
         cases.append(case)
     results = [replace(r, sizes=dict(c.sizes)) for c, r in zip(cases, results)]
     silent = cannot_tell(cases, seen)
@@ -78,8 +80,11 @@ def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | N
         checks = _prove_dims(loaded, dim_checks, cases, results, telling_cases(seen, silent))
     outputs = {n for s in seen if s for n in s}
     told = bool(outputs) and not outputs <= set(silent)
-    passed = bool(results) and all(r.passed for r in results) and all(d.proven for d in checks) and told
+    over = _across(loaded, kept, tolerance)
+    passed = bool(results) and all(r.passed for r in results) and all(d.proven for d in checks) and told and \
+        all(a.passed for a in over.values())
     diags.extend(_silent_note(silent, told))
+    diags.extend(_across_note(over))
     failed = [r for r in results if not r.passed]
     if failed:
         worst = failed[0]
@@ -99,7 +104,31 @@ def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | N
                 f"{len(d.sizes_passed)} size(s) only ({', '.join(map(str, d.sizes_passed)) or 'none'})",
                 hint="the export probably baked this size into a Reshape or Expand; see the failing cases",
             ))
-    return ParityResult(passed, tolerance, tuple(results), checks, tuple(diags), cannot_tell=silent)
+    return ParityResult(passed, tolerance, tuple(results), checks, tuple(diags), cannot_tell=silent,
+                        varying={n: a.to_dict() for n, a in over.items()})
+
+
+ACROSS = ("topk", "cosine", "detections")  # the --compare rules also judged over the cases (prove/across.py)
+
+
+def _across(loaded: LoadedModel, kept: list[dict], tolerance: Tolerance) -> dict[str, Across]:
+    """The ``--compare`` rules judged over every case on what varies between the inputs (prove/across.py)."""
+    rules = {n: r for n, r in loaded.compare.items() if r in ACROSS}
+    if not rules or not kept:
+        return {}
+    params = detection_params(loaded.model) if "detections" in rules.values() else None
+    return judge_across(rules, kept, tolerance, params)
+
+
+def _across_note(over: dict[str, Across]) -> list[Diagnostic]:
+    """An error for each output whose rule fails over the cases; an info line for those judged by the fallback."""
+    failed = {id(a): (n, a) for n, a in over.items() if not a.passed}  # a detection group: once
+    out = [error("varying-failed", f"'{n}' ({a.rule}): {a.problem}", hint=HINT) for n, a in failed.values()]
+    told = [f"'{n}': {'; '.join(a.cannot_tell.values())}" for n, a in over.items() if a.passed and a.fallback]
+    if told:
+        out.append(info("varying-cannot-tell", "judged element by element at the output's own scale where what "
+                        "varies between the inputs cannot tell: " + "; ".join(told[:4]), hint=HINT))
+    return out
 
 
 SWEEP_SHARE = 0.5  # the sweep of short ranges may take half the time the matrix took
@@ -148,9 +177,10 @@ def _borderline_note(results: list[CaseResult]) -> list[Diagnostic]:
 
 def _run_case(loaded: LoadedModel, sess, feed: FeedMap, case: Case, tolerance: Tolerance,
               onnx_outputs: list[str], by_name: bool, known: tuple[tuple, list[np.ndarray]] | None = None,
-              seen: list[dict[str, Seen] | None] | None = None) -> CaseResult:
+              seen: list[dict[str, Seen] | None] | None = None, kept: list[dict] | None = None) -> CaseResult:
     """PyTorch and ONNX Runtime on one case, every output compared (``known``: PyTorch's inputs and outputs of
-    this case, already computed; ``seen`` gets what PyTorch returned per output, None where it failed)."""
+    this case, already computed; ``seen`` gets what PyTorch returned per output, None where it failed; ``kept``
+    both sides of the outputs judged over the cases too, :data:`ACROSS`, in a case not scaled up)."""
     if seen is not None:
         seen.append(None)
     t0 = time.perf_counter()
@@ -182,6 +212,9 @@ def _run_case(loaded: LoadedModel, sess, feed: FeedMap, case: Case, tolerance: T
         scaled_up(loaded, case)
     per_out, worst_abs, worst_rel, ok, problems = judge(loaded, pairs, tolerance, index_sources=sources,
                                                         undefined=undefined, scaled=scaled)
+    if kept is not None and not scaled:
+        kept.append({n: (r, defined(r, np.asarray(g), undefined.get(n))) for n, r, g in pairs
+                     if loaded.compare.get(n) in ACROSS})
     failing = {n for n, rec in per_out.items() if not rec["passed"] and loaded.compare.get(n, "exact") == "exact"}
     if failing and (unreliable := unreliable_rows(loaded, inputs, pairs, failing, tolerance, scaled)):
         per_out, worst_abs, worst_rel, ok, problems = judge(

@@ -156,7 +156,7 @@ def build_report(o: Outcome) -> dict:
         rep["validation"] = {"passed": parity.passed, "tolerance": parity.tolerance.to_dict(),
                              "cases": [c.to_dict() for c in parity.cases], "divergence": divergence,
                              "branches": [s.to_dict() for s in o.branches], "compare": dict(loaded.compare),
-                             "cannot_tell": dict(parity.cannot_tell),
+                             "cannot_tell": dict(parity.cannot_tell), "varying": dict(parity.varying),
                              "own_scale": _own_scale(parity)}
         if o.batch_invariance is not None:
             rep["validation"]["batch_invariance"] = o.batch_invariance.to_dict()

@@ -32,7 +32,15 @@ from onnxport.optimize.gates import GATES
 from onnxport.optimize.passes import Budget, Built, Unmade, VariantPass, build_into, each_variant
 from onnxport.optimize.registry import BASELINE, register, register_judge
 from onnxport.optimize.result import SkipReason
-from onnxport.prove.judging import Policy, RunResults, compare_accuracy, run_cases, token_agreement, verdict
+from onnxport.prove.judging import (
+    Policy,
+    RunResults,
+    compare_accuracy,
+    run_cases,
+    token_agreement,
+    varying_record,
+    verdict,
+)
 from onnxport.seq2seq.feeds import decoder_ids, encoder_inputs, first_inputs, random_cache, with_past_inputs
 from onnxport.seq2seq.generation import Sessions, generate_greedy, open_sessions
 from onnxport.seq2seq.kind import SEQ2SEQ
@@ -143,7 +151,7 @@ def judge(name: str, folder: Path, layout: Seq2SeqLayout, refs, tolerance: Toler
     size = sum(file_bytes(folder / f) for f in FILES)
     return DecoderVariant(name, folder / WITH_PAST_FILE, size, (), found.max_abs_err, found.within, found.cosine,
                           tokens.share, tokens.steps, tokens.total, tok_s, first_ms, judged.passed, judged.reason,
-                          notes, metrics=judged.metrics)
+                          notes, metrics=judged.metrics, varying=varying_record(found.varying, tokens))
 
 
 register_judge(SEQ2SEQ, judge)

@@ -276,6 +276,7 @@ def _not_batch_invariant(report: Any, served: str) -> str | None:
         return None
     diff = record.get("max_abs_diff")
     by = f" by up to {diff:.3g}" if isinstance(diff, (int, float)) else ""
+    by += f" ({record['reason']})" if isinstance(record.get("reason"), str) else ""
     return (f"{what} is not batch-invariant: a row alone and the same row inside a batch of {record.get('rows')} "
             f"differ{by} (dynamic int8 computes activation scales over the whole batch), so each request runs "
             "alone")
