@@ -150,26 +150,34 @@ def _out_of_range(model: nn.Module, specs: tuple[InputSpec, ...]) -> UsageError:
 
 
 def _preflight(flat: nn.Module, specs: tuple[InputSpec, ...], dims: dict[str, Dim]) -> None:
-    """Vary each dynamic dim once at a small size: a dim the model cannot vary is a usage error."""
+    """Vary each dynamic dim once at a small size: a dim the model cannot vary is a usage error. Every dim that
+    fails is probed together (one ConstrainedDims naming them all: the source is loaded again once, not once
+    per dim)."""
     base = export_sizes(dims)
+    failed: dict[str, tuple[int, Exception]] = {}
     for sym, d in dims.items():
         odd = base[sym] + 1 if d.allows(base[sym] + 1) else base[sym] - 1
         alts = [n for n in dict.fromkeys((d.min, odd)) if n != base[sym] and d.allows(n)]
         if not alts:
             alts = [n for n in (d.max,) if n != base[sym] and d.allows(n)]
-        try:
-            for alt in alts:  # the smallest size and an odd one: a rule on the size shows at one of them
+        for alt in alts:  # the smallest size and an odd one: a rule on the size shows at one of them
+            try:
                 with torch.inference_mode():
                     flat(*make_inputs(specs, dict(base, **{sym: alt}), seed=0))
-        except Exception as e:  # noqa: BLE001
-            _raise_if_constrained(flat, specs, dims, [sym])
-            first = one_line(e, 200, typed=True)
-            where = ", ".join(f"'{s.name}' axis {s.shape.index(sym)}" for s in specs if sym in s.shape)
-            raise UsageError(
-                f"dim '{sym}' ({where}) cannot vary: the PyTorch model fails with {sym}={alt} "
-                f"but runs with {sym}={base[sym]} ({first})",
-                f"give that axis a fixed size in --input (e.g. {base[sym]}) or narrow the range with --dim",
-            ) from None
+            except Exception as e:  # noqa: BLE001
+                failed[sym] = (alt, e)
+                break
+    if not failed:
+        return
+    _raise_if_constrained(flat, specs, dims, list(failed))
+    sym, (alt, e) = next(iter(failed.items()))
+    first = one_line(e, 200, typed=True)
+    where = ", ".join(f"'{s.name}' axis {s.shape.index(sym)}" for s in specs if sym in s.shape)
+    raise UsageError(
+        f"dim '{sym}' ({where}) cannot vary: the PyTorch model fails with {sym}={alt} "
+        f"but runs with {sym}={base[sym]} ({first})",
+        f"give that axis a fixed size in --input (e.g. {base[sym]}) or narrow the range with --dim",
+    )
 
 
 PROBES = 64  # sizes tried per dim when the model fails at some
