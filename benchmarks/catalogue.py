@@ -60,17 +60,23 @@ def meta_parameters(name: str) -> int | None:
     return sum(p.numel() for p in model.parameters())
 
 
+SIZE_WORDS = ("test", "atto", "femto", "pico", "nano", "tiny", "xxs", "xs", "mini", "small", "lite", "s")
+
+
+def _size_rank(name: str) -> tuple[int, int, str]:
+    """Smaller first: the earliest size word of SIZE_WORDS among the name's parts, then the shorter name."""
+    parts = name.replace("-", "_").split("_")
+    ranks = [SIZE_WORDS.index(w) for p in parts for w in SIZE_WORDS if p == w or p.startswith(w) and w != "s"]
+    return (min(ranks, default=len(SIZE_WORDS)), len(name), name)
+
+
 def timm_names() -> list[str]:
-    """One model per timm architecture module: the one with the fewest parameters (ties: the first name)."""
+    """One model per timm architecture module: the smallest by name (size words, then the shortest name;
+    counting every variant's parameters, even on the meta device, costs minutes of a shared machine)."""
     import timm
 
-    picked = []
-    for module in sorted(timm.list_modules()):
-        counted = [(meta_parameters(n), n) for n in timm.list_models(module=module)]
-        known = [(c, n) for c, n in counted if c is not None] or [(0, n) for _, n in counted]
-        if known:
-            picked.append(min(known)[1])
-    return picked
+    return [min(names, key=_size_rank) for module in sorted(timm.list_modules())
+            if (names := timm.list_models(module=module))]
 
 
 LIBRARIES = {"torchvision": (torchvision_names, torchvision_parameters),
@@ -154,7 +160,10 @@ def write(args: argparse.Namespace, rows: list[dict], total: int) -> dict[str, i
         with contextlib.suppress(ImportError):
             versions[lib] = __import__(lib).__version__
     previous = json.loads(args.out.read_text(encoding="utf-8")) if args.resume and args.out.is_file() else {}
-    result = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "created_at": time.strftime("%Y-%m-%d"),
+    command = " ".join([Path(sys.executable).name, *sys.argv])
+    if previous.get("command") and not previous["command"].endswith(command):
+        command = f"{previous['command']}; then {command}"  # a resumed sweep: every run that made the file
+    result = {"command": command, "created_at": time.strftime("%Y-%m-%d"),
               "machine": f"{platform.machine()}, {os.cpu_count()} cores", **versions,
               "timeout_s": args.timeout, "swept": f"{len(rows)} of {total}", "summary": counts,
               **{k: previous[k] for k in ("refusals_checked", "notes") if k in previous}, "models": rows}
@@ -171,24 +180,26 @@ def main() -> None:
     ap.add_argument("--max-params", type=int, default=150_000_000, help="larger models are listed, not built")
     ap.add_argument("--max-gib", type=float, default=8, help="a model's export killed past this resident memory")
     ap.add_argument("--resume", action="store_true", help="keep the rows already in --out; sweep the rest")
+    ap.add_argument("--stride", type=int, default=1, help="a deterministic subset: every STRIDE-th model")
     ap.add_argument("--out", type=Path, help="default: results/catalogue_LIBRARY.json")
     args = ap.parse_args()
     args.out = args.out or HERE / "results" / f"catalogue_{args.library}.json"
-    known = LIBRARIES[args.library][0]() if not args.only or args.library == "torchvision" else []
+    known = LIBRARIES[args.library][0]()
     todo = [n for n in known if not args.only or n in args.only] + [n for n in args.only if n not in known]
+    todo = todo[::args.stride]
     rows = []
-    if args.resume and args.out.is_file():
-        rows = [r for r in json.loads(args.out.read_text(encoding="utf-8"))["models"] if r["name"] in todo]
+    if args.resume and args.out.is_file():  # keep what was swept; an --only model is swept again
+        rows = [r for r in json.loads(args.out.read_text(encoding="utf-8"))["models"] if r["name"] not in args.only]
     done = {r["name"] for r in rows}
     work = Path(tempfile.mkdtemp(prefix="catalogue-"))
     try:
         for name in [n for n in todo if n not in done]:
             rows.append(one(args.library, name, work, args.timeout, args.max_params, int(args.max_gib * 2**30)))
             print(json.dumps(rows[-1]), flush=True)
-            write(args, rows, len(todo))
+            write(args, rows, len(known))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps(write(args, rows, len(todo))))
+    print(json.dumps(write(args, rows, len(known))))
 
 
 if __name__ == "__main__":
