@@ -53,7 +53,8 @@ def bf16_missing(cpu_flags: Sequence[str]) -> str | None:
     """Why this CPU cannot run bf16 natively (None: it has AVX-512 BF16 or AMX-BF16)."""
     if any(f in cpu_flags for f in BF16_FLAGS):
         return None
-    return f"{this_cpu()} has no native bf16 arithmetic (no AVX512_BF16/AMX_BF16 in {flags_from()})"
+    where = "in /proc/cpuinfo" if flags_from() == "/proc/cpuinfo" else "among the features it names"
+    return f"{this_cpu()} has no native bf16 arithmetic (no AVX512_BF16/AMX_BF16 {where})"
 
 
 @dataclass(frozen=True)
