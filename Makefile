@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # test files spread over this many processes (each file stays in one, so its module fixtures are built once)
 TEST_WORKERS ?= 2
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test lint docs docs-serve wheel clean
 
 install: $(STAMP)
 
@@ -35,5 +35,28 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples benchmarks
 	$(VENV)/bin/lint-imports --no-cache --no-logo
 
+# the documentation site (MkDocs Material) from docs/ into site/; strict: a broken link or reference fails
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
+
+# what `pip install onnxport` gives: the wheel, checked to hold every file the package tracks, installed into a
+# fresh venv (pinned by constraints.txt, pip's cache reused), then `onnxport doctor` and one small export from it
+WHEEL_VENV ?= build/wheel-venv
+WHEEL_OUT ?= build/wheel-out
+TINY_ARGS := '{"vocab_size": 100, "embed_dim": 16, "num_classes": 3, "num_layers": 1, "nhead": 2}'
+wheel: $(STAMP)
+	rm -rf dist build  # a stale build/lib would leak deleted modules into the wheel
+	$(PY) -m build --wheel --outdir dist .
+	$(PY) scripts/wheel_contents.py dist/onnxport-*.whl
+	$(PYTHON) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/pip install --quiet -c constraints.txt dist/onnxport-*.whl
+	cd / && $(CURDIR)/$(WHEEL_VENV)/bin/onnxport doctor
+	cd / && $(CURDIR)/$(WHEEL_VENV)/bin/onnxport export $(CURDIR)/examples/text_classifier.py:TextClassifier \
+		--model-args $(TINY_ARGS) -i 'input_ids:int64[batch,seq]' -d batch=1..4 -d seq=1..32 \
+		-o $(CURDIR)/$(WHEEL_OUT)
+
 clean:
-	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache build *.egg-info src/*.egg-info .triton
+	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache build dist site *.egg-info src/*.egg-info .triton

@@ -280,8 +280,7 @@ def serve(path: Annotated[Path, typer.Argument(help="an output folder, a .onnx f
           custom_op_python: Annotated[list[Path] | None, _runtime(
               "--custom-op-python", metavar="FILE.py", help="Python file registering ort_python_op implementations; repeatable")] = None,
           *, runtime: RuntimeOptions) -> None:
-    """Serve models over the Open Inference Protocol v2 (KServe v2 / Triton HTTP, and gRPC with --grpc-port)
-    with dynamic batching."""
+    """Serve models over the Open Inference Protocol v2 (KServe v2 / Triton HTTP and gRPC), dynamic batching."""
     from onnxport import pipeline
     from onnxport.core.errors import UsageError
     from onnxport.runtime import ops
