@@ -776,3 +776,18 @@ def test_integer_value_range_without_embedding(tmp_path):
     lm = load_model(_src(f, "Gather"), inputs=["idx:int64[batch]"])
     assert lm.inputs[0].value_range == (0, 9)
     assert isinstance(lm.model, nn.Module)
+
+
+def test_hf_architecture_no_class_is_named(bert_dir, tmp_path):
+    """config.json naming no class of this transformers: loaded as the base model, said in a warning."""
+    import json
+    import shutil
+
+    d = tmp_path / "arch"
+    shutil.copytree(bert_dir, d)
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, "architectures": ["NoSuchModelClass"]}))
+    lm = load_model(f"hf:{d}")
+    found = [x for x in lm.diagnostics if x.code == "architecture-unknown"]
+    assert lm.name == "BertModel" and found and "NoSuchModelClass" in found[0].message
+    assert not [x for x in load_model(f"hf:{bert_dir}").diagnostics if x.code == "architecture-unknown"]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from onnxport.core.diagnostics import Diagnostic, warning
 from onnxport.core.errors import OnnxportError, SourceError, missing_dependency
 from onnxport.core.samples import make_inputs
 from onnxport.core.spec import Dim, InputSpec
@@ -43,8 +44,20 @@ def load_hf(source: str, inputs: list[InputSpec], dims: list[Dim], *, task: str 
     specs, ranges, defaults = _specs(config, names, path, tokens=_position_limit(model))
     arch = type(model).__name__
     return finish(source, arch, "hf", model, declared_or(inputs, specs), dims,
-                  Finishing(defaults=defaults, ranges=ranges,
+                  Finishing(defaults=defaults, ranges=ranges, diagnostics=_unknown_architecture(config, arch, task),
                             extra={"model_type": getattr(config, "model_type", None), "architecture": arch}))
+
+
+def _unknown_architecture(config, loaded: str, task: str | None) -> tuple[Diagnostic, ...]:
+    """A warning where config.json's ``architectures`` names no class this transformers has, so the model was
+    loaded through the auto class (its base model: a head saved in the weights is left out)."""
+    named = [a for a in getattr(config, "architectures", None) or [] if isinstance(a, str)]
+    if task or not named or loaded in named or getattr(config, "auto_map", None):
+        return ()
+    return (warning("architecture-unknown", f"config.json names {', '.join(n[:60] for n in named[:3])}, which "
+                                            f"this transformers has no class for: loaded as {loaded}, without a "
+                                            "head the weights may hold",
+                    hint="pass --task to choose the head, or fix 'architectures' in config.json"),)
 
 
 def hf_model(path: Path, *, task: str | None = None, trust_remote_code: bool = False, cache: bool = True):
