@@ -62,7 +62,7 @@ def test_the_cli_page_lists_every_option_of_every_command():
 
 def test_the_cheap_console_blocks_are_this_versions_output():
     console = _script("docs_console")
-    assert console.stale() == [], "run python scripts/docs_console.py and commit the pages"
+    assert console.stale() == [], "run python scripts/docs_console.py --cheap and commit the pages"
 
 
 def test_every_console_block_runs_onnxport_or_is_marked_text():
