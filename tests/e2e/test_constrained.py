@@ -33,6 +33,8 @@ def test_patterns_are_named_only_when_they_fit_every_probe():
     assert _pattern((1, 4, 9, 16), (2, 3, 5, 8)) == " (perfect squares)"
     assert _pattern((1, 2, 4, 8), (3, 5, 6, 7)) == " (powers of two)"
     assert _pattern((4, 8, 9), (1, 2, 3, 5)) == ""
+    assert _pattern((64, 81, 100, 512), (32, 40, 48, 49, 56)) == " (at least 64)"  # AlexNet's sides
+    assert _pattern((64, 90, 100), (32, 70)) == ""
 
 
 def test_strict_dims_lists_the_sizes_that_run_and_writes_nothing(tmp_path):
@@ -105,3 +107,14 @@ def test_the_torchscript_exporter_runs_a_constrained_model_at_sizes_it_takes(tmp
     rep = load_report(out)
     assert rep["status"] == "ok" and rep["export"]["exporter"] == "torchscript"
     assert {d["symbol"] for d in rep["check"]["dynamic_dims"] if d["proven"]} >= {"h", "w"}
+
+
+def test_a_dim_too_small_for_the_strides_is_narrowed_to_a_range():
+    """Every size from 15 runs: the dim becomes 15..64 (a range, not the probed sizes listed), rule named."""
+    from onnxport.api import load_model
+
+    loaded = load_model(f"{FX}:Strided", inputs=["x:float32[batch,n,8]"], dims=["n=4..64"])
+    n = loaded.dims["n"]
+    assert (n.min, n.max, n.sizes, n.rule) == (15, 64, None, "at least 15")
+    (note,) = [d for d in loaded.diagnostics if d.code == "constrained-dim"]
+    assert "at least 15 (15..64)" in note.message

@@ -32,7 +32,8 @@ def load_declared(source: str, *, inputs: Sequence[str | InputSpec] | None = Non
             if strict_dims or tries == 5 or not set(e.sizes) - set(found):
                 raise
             for sym, sizes in e.sizes.items():
-                declared[sym] = Dim(sym, sizes[0], sizes[-1], sizes=sizes, rule=e.rules.get(sym))
+                every = sizes == tuple(range(sizes[0], sizes[-1] + 1))  # a narrower range, not a list of sizes
+                declared[sym] = Dim(sym, sizes[0], sizes[-1], sizes=None if every else sizes, rule=e.rules.get(sym))
                 found[sym] = (sizes, e.rules.get(sym))
     if found:
         loaded = dataclasses.replace(loaded, diagnostics=(*loaded.diagnostics, *_constrained(found)))

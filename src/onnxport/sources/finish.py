@@ -206,7 +206,7 @@ def _runs(flat: nn.Module, specs: tuple[InputSpec, ...], sizes: dict[str, int]) 
 
 def rule_of(runs: tuple[int, ...], fails: tuple[int, ...]) -> tuple[str, Callable[[int], bool]] | None:
     """The rule the sizes that run follow (its name and test), when one fits every probe: multiples of k,
-    perfect squares, powers of two."""
+    perfect squares, powers of two, every size from a least one up."""
     tried = sorted(runs + fails)
     for name, test in (("perfect squares", lambda n: math.isqrt(n) ** 2 == n),
                        ("powers of two", lambda n: n & (n - 1) == 0)):
@@ -215,6 +215,9 @@ def rule_of(runs: tuple[int, ...], fails: tuple[int, ...]) -> tuple[str, Callabl
     step = math.gcd(*runs)
     if step > 1 and all((n % step == 0) == (n in runs) for n in tried):
         return f"multiples of {step}", lambda n: n % step == 0
+    low = min(runs)
+    if len(runs) > 1 and any(n < low for n in fails) and all((n >= low) == (n in runs) for n in tried):
+        return f"at least {low}", lambda n: n >= low  # a size too small for the strides (AlexNet below 63)
     return None
 
 
