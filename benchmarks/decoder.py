@@ -157,7 +157,8 @@ def main() -> None:
         outcome = decoder.run_model(model, out, max_length=args.max_length, progress=print)
         print(f"exported and proven in {time.perf_counter() - t0:.0f} s: passed={outcome.passed}", flush=True)
         t0 = time.perf_counter()
-        made = decoder.optimize_decoder(model, outcome.layout, outcome.path, out, threads=args.threads, progress=print)
+        made = decoder.optimize_decoder(model, outcome.layout, outcome.path, out, progress=print,
+                                        settings=decoder.CacheVariants(threads=args.threads))
         print(f"variants made and proven in {time.perf_counter() - t0:.0f} s", flush=True)
         for v in made.variants:
             print(f"  {v.name}: passed={v.passed} {v.error or ''} {'; '.join(v.notes)}")

@@ -138,6 +138,16 @@ def test_decoder(tmp_path):
 
 
 @pytest.mark.slow
+def test_decoder_gpu(tmp_path):
+    out = tmp_path / "decoder_gpu.json"
+    bench("decoder_gpu.py", "--smoke", "--json", str(out))
+    data = json.loads(out.read_text())
+    assert data["device"] == "cpu" and data["smoke"] and data["onnxport"]["proven"] is True
+    assert data["onnxport"]["best"] and data["onnxport"]["tok_s_b8"] > 0 and data["hf_eager"]["tok_s_b1"] > 0
+    assert data["vs_hf_b1"] > 0 and "available" in data["genai"] and data["command"].endswith("--json " + str(out))
+
+
+@pytest.mark.slow
 def test_seq2seq():
     proc = bench("seq2seq.py", "--smoke")
     rows = json.loads(proc.stdout[proc.stdout.index("{"):])

@@ -32,7 +32,6 @@ def llama_dir(tmp_path_factory) -> Path:
     ("load", {"model_args": {"hidden": 8}}, "--model-args"),
     ("export", {"exporter": "torchscript"}, "--exporter torchscript"),
     ("proof", {"samples": "prompts.txt"}, "--samples"),
-    ("runtime", {"device": "cuda"}, "--device cuda"),
     ("optimize", {"seq": 200}, "--seq 200"),
 ])
 def test_options_that_do_not_apply_to_a_decoder_are_refused(llama_dir, tmp_path, family, kw, named):

@@ -124,8 +124,8 @@ def test_failures_are_recorded_not_raised(llama_run, monkeypatch, tmp_path):
     assert not int8.passed and int8.error == "not built: RuntimeError: no 8-bit kernel"
     assert made.best.name == "export" and made.speedup == 1.0
     assert not (tmp_path / "variants").exists()  # nothing was written
-    with pytest.raises(UsageError, match="unknown decoder variant 'fp16'"):
-        decoder.optimize_decoder(model, outcome.layout, outcome.path, tmp_path, names=["fp16"])
+    with pytest.raises(UsageError, match="unknown decoder variant 'fp8'"):
+        decoder.optimize_decoder(model, outcome.layout, outcome.path, tmp_path, names=["fp8"])
 
 
 def test_a_variant_outside_the_fp32_tolerance_fails(llama_run):

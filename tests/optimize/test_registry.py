@@ -20,9 +20,10 @@ from onnxport.optimize.result import SkipReason, Variant
 def test_names_are_parsed_per_kind():
     assert registry.parse_names(None) == list(registry.VARIANTS)
     assert registry.parse_names("int8,int4", DECODER) == ["int8", "int4"]
-    assert registry.parse_names("all", DECODER) == list(DECODER_VARIANTS)
-    with pytest.raises(UsageError, match="unknown decoder variant 'fp16'"):
-        registry.parse_names(["fp16"], DECODER)
+    assert registry.parse_names("all", DECODER) == ["fused", "int8", "int4"]  # the GPU ones join on CUDA only
+    assert registry.parse_names("gqa,fp16", DECODER) == ["gqa", "fp16"]
+    with pytest.raises(UsageError, match="unknown decoder variant 'fp8'"):
+        registry.parse_names(["fp8"], DECODER)
     with pytest.raises(UsageError, match="unknown variant 'int4'"):
         registry.parse_names("int4")
 
@@ -34,7 +35,7 @@ def test_both_kinds_have_their_builders_and_judge():
         k = registry.kind(kind)
         assert set(k.builders) == set(k.names) and k.judge is not None
     with pytest.raises(ValueError, match="not a declared"):
-        registry.register(DECODER, "fp16", lambda src, dst, ctx: BuildOutcome())
+        registry.register(DECODER, "fp8", lambda src, dst, ctx: BuildOutcome())
 
 
 def test_a_family_declares_its_own_kind():

@@ -174,7 +174,6 @@ def test_a_model_that_is_no_encoder_decoder_is_refused():
     ({"model_args": {"hidden": 8}}, "--model-args"),
     ({"exporter": "torchscript"}, "--exporter torchscript"),
     ({"samples": "prompts.txt"}, "--samples"),
-    ({"device": "cuda"}, "--device cuda"),
     ({"variants": ["int4"]}, "--variants int4"),
     ({"seq": 20}, "--seq 20"),
 ])

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 import torch
 
-from onnxport.core.errors import UsageError
 from onnxport.serve.repository import triton_repository
 from tests.seq2seq.tiny import tiny
 
@@ -140,10 +139,17 @@ def test_serve_serves_the_python_backend_entry_with_generate(t5_out, tmp_path):
     assert len(json.loads(raw)["output_ids"]) == 8 and "text_output" in json.loads(raw)
 
 
-def test_gpu_is_refused_for_an_encoder_decoder(t5_out, tmp_path):
-    with pytest.raises(UsageError) as e:
-        triton_repository(t5_out, tmp_path / "repo", gpu=True)
-    assert "--gpu" in e.value.message and e.value.exit_code == 2 and not (tmp_path / "repo").exists()
+def test_gpu_instances_run_the_files_on_the_cuda_provider(t5_out, tmp_path, monkeypatch):
+    made = triton_repository(t5_out, tmp_path / "repo", gpu=True, instance_count=2)
+    text = made.config_path.read_text()
+    assert "kind: KIND_GPU" in text and "count: 2" in text and "KIND_CPU" not in text
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", _backend_utils())
+    spec = importlib.util.spec_from_file_location("triton_model_gpu", made.model_dir / "1" / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.providers({"model_instance_kind": "GPU", "model_instance_device_id": "1"}) == [
+        ("CUDAExecutionProvider", {"device_id": 1, "use_tf32": "0"}), "CPUExecutionProvider"]
+    assert module.providers({"model_instance_kind": "CPU"}) == ["CPUExecutionProvider"]
 
 
 def test_the_greedy_loop_runs_without_onnxport(tmp_path):

@@ -61,6 +61,12 @@ class GreedyRules:
         return tuple(names)
 
     @property
+    def argmax_only(self) -> bool:
+        """Whether the rules leave the scores as they are (at most the end-of-sequence stop): the next token is
+        the raw argmax, so a loop need not see the scores."""
+        return set(self.applied) <= {"eos_token_ids"}
+
+    @property
     def pad(self) -> int:
         """The token finished rows are filled with (``pad_token_id``, else the first end-of-sequence token)."""
         if self.pad_token_id is not None:
@@ -198,7 +204,12 @@ class Decoding:
 
     def step(self, logits: np.ndarray) -> np.ndarray:
         """Each row's next token ([batch] int64) from the last position's ``logits`` [batch, vocab]."""
-        token = self.scores(logits).argmax(-1).astype(np.int64)
+        return self.take(self.scores(logits).argmax(-1).astype(np.int64))
+
+    def take(self, token: np.ndarray) -> np.ndarray:
+        """Each row's next token from the argmax ``token`` [batch] of scores the rules leave as they are
+        (:attr:`GreedyRules.argmax_only`): finished rows get the pad token."""
+        token = np.asarray(token, np.int64)
         if self.rules.eos_token_ids:
             token = np.where(self.done, self.rules.pad, token)
             self.done |= np.isin(token, self.rules.eos_token_ids)

@@ -24,7 +24,6 @@ def refuse_for_decoder(options: Options) -> None:
                ("--samples", proof.samples is not None, "it is proven by greedy generation on random prompts"),
                ("--tokenizer/--preprocess", proof.tokenizer is not None or proof.preprocess is not None,
                 "they read --samples"),
-               ("--device cuda", options.runtime.device != "cpu", "its proof and variants run on the CPU today"),
                (bench_label(bench, options.optimize.seq), bench_label(bench, options.optimize.seq) is not None,
                 "its variants are timed by decode tokens/s in convert; benchmarks/decoder.py times PyTorch beside "
                 "them"),

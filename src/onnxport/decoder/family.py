@@ -24,4 +24,5 @@ FAMILY = Family(
     load_task="text-generation", check_seq=False, variant_kind=DECODER, section=SECTION,
     layout=cache_layout, extension="onnxport.decoder.serving:GENERATE",
     scratch=True, hooks=HOOKS,  # the one pipeline's stages, its export, proof, variants and section through HOOKS
+    gpu_session={"provider": "CUDAExecutionProvider", "use_tf32": False},  # proven there (no TensorRT, no graph)
 )

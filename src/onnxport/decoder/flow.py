@@ -22,6 +22,7 @@ from onnxport.decoder.records import CacheLayout, CacheVariants, DecoderOutcome
 from onnxport.decoder.variants import optimize_decoder, variant_names
 from onnxport.optimize.passes import install_best
 from onnxport.optimize.registry import BASELINE
+from onnxport.runtime.binding import CPU_TARGET, Target
 
 Names = Sequence[str] | str | None  # None: no variants; "auto", "all" or names of the decoder kind
 
@@ -81,7 +82,7 @@ def _names(variants: Names | bool) -> Names:
 
 def run_model(model: nn.Module, out: str | Path, *, max_length: int = MAX_LENGTH, opset: int | None = None,
               tolerance: Tolerance = FP32, new_tokens: int = NEW_TOKENS, progress: Progress = noop,
-              variants: CacheVariants | None = None) -> DecoderOutcome:
+              variants: CacheVariants | None = None, target: Target = CPU_TARGET) -> DecoderOutcome:
     """Export ``model`` (a transformers causal LM in eval mode) with its cache into ``out`` and prove it: step
     cases against PyTorch and greedy generation against ``model.generate``. ``out/model.onnx`` is written only
     when every check passes, else ``out/model.unverified.onnx``. A model in bfloat16 or float16 is upcast to
@@ -89,7 +90,8 @@ def run_model(model: nn.Module, out: str | Path, *, max_length: int = MAX_LENGTH
     ``max_length`` it cannot take, is a UsageError before anything is exported. With ``variants`` (its
     ``names``: "auto", "all" or names of the decoder kind; None: none) a proven export gets its optimized
     variants in ``out/variants/`` (:func:`optimize_decoder`, with the record's budget, threads and ``seq``) and
-    the best one, when not the export itself, is copied to ``out/best.onnx``."""
+    the best one, when not the export itself, is copied to ``out/best.onnx``. ``target``: where the proof and
+    the variants run (the export is made on the CPU)."""
     variants = variants or CacheVariants()
     names = _names(variants.names)
     if names is not None:
@@ -100,7 +102,7 @@ def run_model(model: nn.Module, out: str | Path, *, max_length: int = MAX_LENGTH
     with tempfile.TemporaryDirectory(prefix=".onnxport-decoder-", dir=out) as work:
         made = export_decoder(model, layout, Path(work) / "decoder.onnx", opset=opset)
         progress(f"proving at opset {made.opset}: step cases and greedy generation against PyTorch")
-        proof = prove_decoder(model, layout, made.path, tolerance=tolerance, new_tokens=new_tokens)
+        proof = prove_decoder(model, layout, made.path, tolerance=tolerance, new_tokens=new_tokens, target=target)
         final = out / ("model.onnx" if proof.passed else "model.unverified.onnx")
         for stale in ("model.onnx", "model.unverified.onnx"):
             for leftover in (out / stale, out / (stale + ".data")):
@@ -109,7 +111,7 @@ def run_model(model: nn.Module, out: str | Path, *, max_length: int = MAX_LENGTH
     built = None
     if names is not None and proof.passed:
         built = optimize_decoder(model, layout, final, out, names=names, tolerance=tolerance, progress=progress,
-                                 budget_s=variants.budget_s, threads=variants.threads, seq=variants.seq)
+                                 settings=variants, target=target)
         best = built.best
         if best is not None and best.name != BASELINE and best.path is not None:
             install_best(best.path, out)  # what serve and triton take

@@ -11,6 +11,7 @@ import numpy as np
 from onnxport.core.errors import UsageError
 from onnxport.core.greedy import GreedyRules
 from onnxport.decoder.records import CacheLayout
+from onnxport.runtime.binding import CPU_TARGET, CarriedSteps, Target
 
 
 def check_room(layout: CacheLayout, prompt: int, new_tokens: int) -> None:
@@ -72,13 +73,75 @@ def stream_greedy(sess, layout: CacheLayout, input_ids: np.ndarray, attention_ma
         mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
 
 
+SHARED_BUFFER = ("onnxport.cache_buffer", "shared")  # metadata of a file whose past and present share one buffer
+
+
+def shares_buffer(sess) -> bool:
+    """Whether the session's file takes its past and returns its present in one buffer at the maximum length
+    (GroupQueryAttention: the ``gqa`` variant and those built on it)."""
+    key, value = SHARED_BUFFER
+    return sess.get_modelmeta().custom_metadata_map.get(key) == value
+
+
+def graphed(sess) -> bool:
+    """Whether the session was opened with the CUDA provider's CUDA graph on."""
+    options = sess.get_provider_options().get("CUDAExecutionProvider", {})
+    return str(options.get("enable_cuda_graph", "0")) == "1"
+
+
+def carried_steps(sess, layout: CacheLayout, batch: int, target: Target = CPU_TARGET, *,
+                  shared: bool | None = None, graph: bool | None = None) -> CarriedSteps:
+    """The session's cache kept on ``target``'s device, allocated once at ``layout.max_length`` for ``batch``
+    rows and rebound at each step (:class:`~onnxport.runtime.binding.CarriedSteps`): per past/present pair two
+    buffers, or one where the file shares them (``shared``, None: :func:`shares_buffer`); ``graph`` (None: the
+    session's CUDA graph, :func:`graphed`): the one-token steps on fixed shapes and addresses, the mask padded
+    to the maximum length, replayed as one CUDA graph."""
+    pairs = [(f"past_key_values.{i}.{kind}", f"present.{i}.{kind}", layout.past_shape(kind, batch, layout.max_length))
+             for i in range(layout.layers) for kind in ("key", "value")]
+    shared = shares_buffer(sess) if shared is None else shared
+    graph = shared and graphed(sess) if graph is None else graph
+    return CarriedSteps(sess, target, pairs, past_dtype(sess), shared=shared, graph=graph,
+                        padded=("attention_mask",))
+
+
+def stream_bound(sess, layout: CacheLayout, input_ids: np.ndarray, attention_mask: np.ndarray,
+                 max_new_tokens: int, rules: GreedyRules | None = None, target: Target = CPU_TARGET, *,
+                 steps: CarriedSteps | None = None) -> Iterator[np.ndarray]:
+    """:func:`stream_greedy`'s tokens with the cache kept on ``target``'s device through IO binding
+    (:func:`carried_steps`, or ``steps`` made by it for these rows): the presents are never copied to the host,
+    and of the logits only each row's next token is, unless the rules change scores (then the last position's)."""
+    batch, prompt = input_ids.shape
+    check_room(layout, prompt, max_new_tokens)
+    mask = attention_mask.astype(np.int64)
+    ids = input_ids.astype(np.int64)
+    rules = rules if rules is not None else layout.generation or GreedyRules()
+    decoding = rules.start(ids, max_new_tokens, mask)
+    steps = steps if steps is not None else carried_steps(sess, layout, batch, target)
+    if steps.shared and not mask.all():
+        raise UsageError("this file's attention (GroupQueryAttention) takes unpadded rows only",
+                         "send one prompt per request, or serve the proven export")
+    for _ in range(max_new_tokens):
+        feeds = step_feeds(layout, ids, mask, [])
+        steps.step(feeds, ids.shape[1])
+        token = (decoding.take(steps.last_token()) if rules.argmax_only
+                 else decoding.step(steps.last_scores()))
+        yield token
+        if decoding.finished:
+            return
+        ids = token[:, None]
+        mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
+
+
 def stacked(steps: list[np.ndarray], batch: int) -> np.ndarray:
     """The tokens of each step as [batch, steps] token ids (no steps: [batch, 0])."""
     return np.stack(steps, axis=1) if steps else np.zeros((batch, 0), np.int64)
 
 
 def generate_greedy(sess, layout: CacheLayout, input_ids: np.ndarray, attention_mask: np.ndarray,
-                    max_new_tokens: int, rules: GreedyRules | None = None) -> np.ndarray:
-    """All of :func:`stream_greedy` at once: [batch, steps] token ids."""
-    return stacked(list(stream_greedy(sess, layout, input_ids, attention_mask, max_new_tokens, rules)),
-                   input_ids.shape[0])
+                    max_new_tokens: int, rules: GreedyRules | None = None, target: Target | None = None
+                    ) -> np.ndarray:
+    """All of :func:`stream_greedy` at once: [batch, steps] token ids; with a ``target``, the cache kept on its
+    device (:func:`stream_bound`)."""
+    loop = stream_greedy(sess, layout, input_ids, attention_mask, max_new_tokens, rules) if target is None else \
+        stream_bound(sess, layout, input_ids, attention_mask, max_new_tokens, rules, target)
+    return stacked(list(loop), input_ids.shape[0])

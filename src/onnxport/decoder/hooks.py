@@ -13,12 +13,13 @@ from onnxport.decoder.flow import MAX_LENGTH, prepared
 from onnxport.decoder.layout import fitted_max_length
 from onnxport.decoder.outcome import proof_diagnostics, settings, variants_info
 from onnxport.decoder.prove import NEW_TOKENS, prove_decoder
-from onnxport.decoder.records import CacheLayout, DecoderExport, DecoderOutcome
+from onnxport.decoder.records import CacheLayout, CacheVariants, DecoderExport, DecoderOutcome
 from onnxport.decoder.stage import cache_notes
 from onnxport.decoder.variants import optimize_decoder
 from onnxport.families import Exported, Hooks, Made, Optimized, Proved, Run
 from onnxport.optimize.passes import install_best
 from onnxport.optimize.registry import BASELINE
+from onnxport.runtime.binding import Target
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ def prove(run: Run, exported: Exported) -> Proved:
     made: CacheExport = exported.record
     run.progress(f"proving at opset {exported.opset}: step cases and greedy generation against PyTorch")
     proof = prove_decoder(run.loaded.model, made.layout, run.result.path, tolerance=run.options.proof.tolerance,
-                          new_tokens=made.new_tokens)
+                          new_tokens=made.new_tokens, target=Target.of(run.options.runtime))
     return Proved(proof.tolerance, proof.cases, proof.passed, proof, tuple(proof_diagnostics(proof)))
 
 
@@ -61,8 +62,9 @@ def optimize(run: Run, made: Made) -> Optimized:
     fastest, when not the export itself, copied to best.onnx (what serve and triton take)."""
     o, cached = run.options, made.exported.record
     built = optimize_decoder(run.loaded.model, cached.layout, run.model_file, run.out, names=o.optimize.variants,
-                             tolerance=o.proof.tolerance, progress=run.progress, budget_s=o.optimize.budget,
-                             threads=o.bench.threads if o.bench is not None else None, seq=o.optimize.seq)
+                             tolerance=o.proof.tolerance, progress=run.progress, target=Target.of(o.runtime),
+                             settings=CacheVariants(budget_s=o.optimize.budget, seq=o.optimize.seq,
+                                                    threads=o.bench.threads if o.bench is not None else None))
     best = built.best
     if best is not None and best.name != BASELINE and best.path is not None:
         install_best(best.path, run.out)

@@ -4,6 +4,8 @@ against ``model.generate`` token for token."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +20,8 @@ from onnxport.decoder.layout import CachedDecoder, step_inputs
 from onnxport.decoder.records import CacheLayout, DecoderProof, GenerationCheck, StepCase
 from onnxport.prove.judging import RunResults, compare_accuracy, run_cases
 from onnxport.prove.references import Ran, run_each
-from onnxport.runtime.sessions import session
+from onnxport.runtime.binding import CPU_TARGET, Target
+from onnxport.runtime.sessions import OnDevice, strict_fp32
 
 NEW_TOKENS = 32
 
@@ -35,13 +38,36 @@ def step_matrix(max_length: int) -> list[tuple[int, int, int]]:
     return list(dict.fromkeys(c for c in cases if c[1] + c[2] <= max_length))
 
 
+@contextlib.contextmanager
+def on_target(model: nn.Module, target: Target) -> Iterator[nn.Module]:
+    """``model`` moved to ``target``'s device (TF32 off: fp32 proven as fp32) and back to the CPU afterwards;
+    unchanged on the CPU."""
+    if not target.gpu:
+        yield model
+        return
+    try:
+        with strict_fp32():
+            yield model.to(target.torch_device)
+    finally:
+        model.to("cpu")
+
+
 def prove_decoder(model: nn.Module, layout: CacheLayout, path: str | Path, *, tolerance: Tolerance = FP32,
-                  new_tokens: int = NEW_TOKENS, seed: int = 0) -> DecoderProof:
+                  new_tokens: int = NEW_TOKENS, seed: int = 0, target: Target = CPU_TARGET) -> DecoderProof:
     """Every :func:`step_matrix` case, then greedy generation under the generation config's rules against
     ``model.generate``: one unpadded row as configured, and a batch with left padding without the
-    end-of-sequence stop (so that every step is compared even where the row ends early)."""
-    sess = session(path, providers=["CPUExecutionProvider"])
-    cases = step_cases(sess, CachedDecoder(model, layout).eval(), layout, tolerance, seed)
+    end-of-sequence stop (so that every step is compared even where the row ends early). Both sides run on
+    ``target``'s device: onnxruntime with its providers (the greedy loop keeps the cache there through IO
+    binding), PyTorch with the model moved there."""
+    with on_target(model, target) as moved:
+        return _proven(moved, layout, target.session(path), tolerance, new_tokens, seed, target)
+
+
+def _proven(model: nn.Module, layout: CacheLayout, sess, tolerance: Tolerance, new_tokens: int, seed: int,
+            target: Target) -> DecoderProof:
+    wrapper = CachedDecoder(model, layout).eval()
+    cases = step_cases(sess, OnDevice(wrapper, target.torch_device) if target.gpu else wrapper, layout, tolerance,
+                       seed)
     gen = torch.Generator().manual_seed(seed)
     prompt = min(5, layout.max_length - new_tokens)
     if prompt < 1:
@@ -52,10 +78,11 @@ def prove_decoder(model: nn.Module, layout: CacheLayout, path: str | Path, *, to
     batch = torch.randint(0, layout.vocab, (len(lengths), prompt), generator=gen)
     mask = torch.tensor([[0] * (prompt - n) + [1] * n for n in lengths])
     rules = layout.generation or PLAIN
-    gens = (generation_check("one row", sess, model, layout, single, torch.ones_like(single), new_tokens, rules),
+    gens = (generation_check("one row", sess, model, layout, single, torch.ones_like(single), new_tokens, rules,
+                             target),
             generation_check("left-padded batch", sess, model, layout, batch, mask,
-                             new_tokens, rules.without_eos()))
-    return DecoderProof(tolerance, cases, gens)
+                             new_tokens, rules.without_eos(), target))
+    return DecoderProof(tolerance, cases, gens, device=target.device)
 
 
 def step_cases(sess, wrapper: nn.Module, layout: CacheLayout, tolerance: Tolerance, seed: int
@@ -97,22 +124,25 @@ def judged_step(case: tuple[int, int, int], past_shape: tuple[int, ...], got: tu
 
 
 def generation_check(name: str, sess, model: nn.Module, layout: CacheLayout, input_ids: torch.Tensor,
-                     attention_mask: torch.Tensor, new_tokens: int, rules: GreedyRules) -> GenerationCheck:
-    """``new_tokens`` greedy tokens by :func:`greedy` under ``rules`` against ``model.generate`` with the
-    model's generation config (its end-of-sequence stop only when ``rules`` keep it)."""
+                     attention_mask: torch.Tensor, new_tokens: int, rules: GreedyRules,
+                     target: Target = CPU_TARGET) -> GenerationCheck:
+    """``new_tokens`` greedy tokens by :func:`greedy` under ``rules`` (the cache kept on ``target``'s device)
+    against ``model.generate`` with the model's generation config (its end-of-sequence stop only when
+    ``rules`` keep it), the model on the device it is on."""
     lengths = tuple(int(n) for n in attention_mask.sum(-1))
     return GenerationCheck.of(name, lengths, new_tokens, lambda: (
-        greedy(sess, layout, input_ids.numpy(), attention_mask.numpy(), new_tokens, rules),
+        greedy(sess, layout, input_ids.numpy(), attention_mask.numpy(), new_tokens, rules, target),
         reference_generate(model, input_ids, attention_mask, new_tokens, rules)))
 
 
 def greedy(sess, layout: CacheLayout, input_ids: np.ndarray, attention_mask: np.ndarray,
-           new_tokens: int, rules: GreedyRules | None = None) -> np.ndarray:
+           new_tokens: int, rules: GreedyRules | None = None, target: Target | None = None) -> np.ndarray:
     """Greedy generation with the exported model: the prompt on an empty cache, then one token per step with
     the presents fed back as past, the mask extended by one and position ids from the mask's cumsum (as
-    transformers does for left padding), each token picked under ``rules`` (None: the layout's). Returns
-    [batch, steps] token ids; a prompt that leaves no room for them is a UsageError."""
-    return generate_greedy(sess, layout, input_ids, attention_mask, new_tokens, rules)
+    transformers does for left padding), each token picked under ``rules`` (None: the layout's). With a
+    ``target`` the cache stays on its device through IO binding. Returns [batch, steps] token ids; a prompt
+    that leaves no room for them is a UsageError."""
+    return generate_greedy(sess, layout, input_ids, attention_mask, new_tokens, rules, target)
 
 
 # What generate() does beyond greedy decoding, turned off for the reference: the loop applies the rest
@@ -155,9 +185,11 @@ def reference_generate(model: nn.Module, input_ids: torch.Tensor, attention_mask
     config = reference_config(getattr(model, "generation_config", None), new_tokens, rules)
     saved = model.generation_config
     model.generation_config = config  # unset fields fall back to the model's: its eos must not be there
+    device = next(model.parameters()).device
     try:
         with torch.inference_mode():
-            out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+            out = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                                 generation_config=config)
     finally:
         model.generation_config = saved
-    return out[:, input_ids.shape[1]:].numpy()
+    return out[:, input_ids.shape[1]:].cpu().numpy()

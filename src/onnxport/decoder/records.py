@@ -198,6 +198,7 @@ class DecoderProof:
     tolerance: Tolerance
     cases: tuple[StepCase, ...]
     generations: tuple[GenerationCheck, ...]
+    device: str = "cpu"  # where both sides ran (--device)
 
     @property
     def passed(self) -> bool:
@@ -209,7 +210,8 @@ class DecoderProof:
 
     def to_dict(self) -> dict:
         return {"passed": self.passed, "tolerance": self.tolerance.to_dict(), "max_abs_err": self.max_abs_err,
-                "cases": [c.to_dict() for c in self.cases], "generations": [g.to_dict() for g in self.generations]}
+                "cases": [c.to_dict() for c in self.cases], "generations": [g.to_dict() for g in self.generations],
+                "device": self.device}
 
 
 def _round(x: float | None, digits: int = 4) -> float | None:
@@ -240,6 +242,7 @@ class DecoderVariant(VariantRecord):
     error: str | None = None
     notes: tuple[str, ...] = ()  # how it was built, and the routes that matched nothing
     varying: dict | None = None  # the centred logit figures and what cannot tell (prove.judging.varying_record)
+    session_options: dict | None = None  # how it must be run (its CUDA graph); None: the device's defaults
 
     def to_dict(self) -> dict:
         return {"name": self.name, "path": None if self.path is None else str(self.path),
@@ -249,7 +252,8 @@ class DecoderVariant(VariantRecord):
                 "greedy_tokens": self.greedy_tokens, "decode_tok_s": _round(self.decode_tok_s, 2),
                 "prompt_ms": _round(self.prompt_ms, 3), "passed": self.passed, "error": self.error,
                 "notes": list(self.notes), "skip_reason": None if self.skip_reason is None else self.skip_reason.value,
-                **({"varying": self.varying} if self.varying is not None else {})}
+                **({"varying": self.varying} if self.varying is not None else {}),
+                "session_options": self.session_options}
 
 
 
@@ -263,6 +267,7 @@ class DecoderVariants:
     top1_min: float
     threads: int | None = None
     prompt: int | None = None  # the prompt length decode speed was timed after
+    device: str = "cpu"  # where the variants were judged and timed (--device)
 
     @property
     def best(self) -> DecoderVariant | None:
@@ -295,7 +300,7 @@ class DecoderVariants:
         best = self.best
         return {"best": None if best is None else best.name, "speedup_vs_export": _round(self.speedup, 3),
                 "cosine_min": self.cosine_min, "top1_min": self.top1_min, "threads": self.threads,
-                "speed_prompt": self.prompt,
+                "speed_prompt": self.prompt, "device": self.device,
                 "variants": [v.to_dict() for v in self.variants]}
 
 

@@ -23,10 +23,11 @@ from onnxport.decoder.extension import (
     generate_stream,
     parse_request,
 )
-from onnxport.decoder.generation import check_room, stream_greedy
+from onnxport.decoder.generation import check_room, stream_bound
 from onnxport.decoder.records import CacheLayout
 from onnxport.decoder.tokenizer import load_tokenizer
 from onnxport.families.serving import Extension, ExtensionMetrics, Verb
+from onnxport.runtime.binding import Target
 
 DEFAULT_MAX_LENGTH = 128  # the export's default --max-length, for a decoder served without its report.json
 
@@ -85,8 +86,9 @@ class Generator:
         return generate_stream(sess, self, request, model, version, outcome)
 
     def stream(self, sess, ids: np.ndarray, max_tokens: int, rules: GreedyRules) -> Iterator[np.ndarray]:
-        """Greedy tokens for the prompt ``ids`` [1, n] under ``rules``, one step at a time."""
-        return stream_greedy(sess, self.layout, ids, np.ones_like(ids), max_tokens, rules)
+        """Greedy tokens for the prompt ``ids`` [1, n] under ``rules``, one step at a time, the cache kept on the
+        session's device through IO binding (:func:`~onnxport.decoder.generation.stream_bound`)."""
+        return stream_bound(sess, self.layout, ids, np.ones_like(ids), max_tokens, rules, Target.of_session(sess))
 
 
 def stop_at(rules: GreedyRules, eos: int | None) -> GreedyRules:

@@ -33,11 +33,18 @@ from onnxport.core.greedy import PLAIN
 from onnxport.core.logs import Progress, captured_output, noop
 from onnxport.core.onnxfile import file_bytes, inline_limit, move_model, save_model
 from onnxport.core.records import FP32, Tolerance
-from onnxport.decoder.generation import step_feeds, stream_greedy
+from onnxport.decoder.attention import Rotary, rotary_tables
+from onnxport.decoder.generation import past_dtype, shares_buffer, step_feeds, stream_bound
 from onnxport.decoder.kind import DECODER, DECODER_VARIANTS
 from onnxport.decoder.layout import CachedDecoder, step_inputs
 from onnxport.decoder.prove import greedy, step_matrix
-from onnxport.decoder.records import DECODER_GATES, CacheLayout, DecoderVariant, DecoderVariants
+from onnxport.decoder.records import (
+    DECODER_GATES,
+    CacheLayout,
+    CacheVariants,
+    DecoderVariant,
+    DecoderVariants,
+)
 from onnxport.optimize import registry
 from onnxport.optimize.context import BuildOutcome, Skip
 from onnxport.optimize.graph import short_error
@@ -54,10 +61,12 @@ from onnxport.prove.judging import (
     verdict,
 )
 from onnxport.prove.references import Refs, run_over
-from onnxport.runtime.sessions import CPU, session, write_optimized
+from onnxport.runtime.binding import CPU_TARGET, Target
+from onnxport.runtime.sessions import write_optimized
+from onnxport.runtime.variant_sessions import SessionOptions
 
 VARIANT_NAMES = (BASELINE, *DECODER_VARIANTS)
-FP32_VARIANTS = (BASELINE, "fused")
+FP32_VARIANTS = (BASELINE, "fused", "gqa")
 COSINE_MIN = DECODER_GATES.cosine_min  # lowest logit cosine over the step cases
 TOP1_MIN = DECODER_GATES.top1_min  # teacher-forced top-1 agreement
 BLOCK_SIZE = 32  # MatMulNBits block (symmetric)
@@ -127,9 +136,10 @@ def torch_greedy(model: nn.Module, layout: CacheLayout, input_ids: torch.Tensor,
 
 def step_runs(sess, layout: CacheLayout, refs: References) -> RunResults:
     """The variant's outputs (logits, then every present) on each step case: the run the judge compares."""
-    return run_cases(lambda feeds: sess.run(list(layout.output_names),
-                                            dict(zip(layout.input_names, (t.numpy() for t in feeds)))),
-                     refs.steps.inputs, refs.steps.cases)
+    cache = past_dtype(sess)  # a float16 cache is fed the references' float32 values as float16
+    return run_cases(lambda feeds: sess.run(list(layout.output_names), {
+        name: t.numpy().astype(cache) if name.startswith("past_key_values.") else t.numpy()
+        for name, t in zip(layout.input_names, feeds)}), refs.steps.inputs, refs.steps.cases)
 
 
 def teacher_forced(sess, layout: CacheLayout, prompts: np.ndarray, tokens: np.ndarray) -> np.ndarray:
@@ -137,7 +147,8 @@ def teacher_forced(sess, layout: CacheLayout, prompts: np.ndarray, tokens: np.nd
     presents kept as the cache (compared with the reference tokens: teacher-forced top-1)."""
     rows = prompts.shape[0]
     ids, mask = prompts.astype(np.int64), np.ones(prompts.shape, np.int64)
-    past = [np.zeros(layout.past_shape(kind, rows, 0), np.float32) for _ in range(layout.layers) for kind in ("key", "value")]
+    past = [np.zeros(layout.past_shape(kind, rows, 0), past_dtype(sess)) for _ in range(layout.layers)
+            for kind in ("key", "value")]
     picked = []
     for t in range(tokens.shape[1]):
         logits, *past = sess.run(list(layout.output_names), step_feeds(layout, ids, mask, past))
@@ -147,16 +158,18 @@ def teacher_forced(sess, layout: CacheLayout, prompts: np.ndarray, tokens: np.nd
     return np.stack(picked, axis=1)
 
 
-def greedy_tokens(sess, layout: CacheLayout, prompts: np.ndarray, new_tokens: int) -> np.ndarray:
+def greedy_tokens(sess, layout: CacheLayout, prompts: np.ndarray, new_tokens: int,
+                  target: Target = CPU_TARGET) -> np.ndarray:
     """The variant's own greedy tokens [rows, new_tokens] (plain argmax, no end-of-sequence stop)."""
-    return greedy(sess, layout, prompts, np.ones(prompts.shape, np.int64), new_tokens, PLAIN)
+    return greedy(sess, layout, prompts, np.ones(prompts.shape, np.int64), new_tokens, PLAIN, target)
 
 
-def timed_greedy(sess, layout: CacheLayout, input_ids: np.ndarray, new_tokens: int) -> list[float]:
-    """The seconds of each step of the greedy loop (:func:`~onnxport.decoder.generation.stream_greedy`,
-    unpadded rows; step 0 is the prompt)."""
+def timed_greedy(sess, layout: CacheLayout, input_ids: np.ndarray, new_tokens: int,
+                 target: Target = CPU_TARGET) -> list[float]:
+    """The seconds of each step of the greedy loop with the cache on ``target``'s device
+    (:func:`~onnxport.decoder.generation.stream_bound`, unpadded rows; step 0 is the prompt)."""
     seconds, t0 = [], time.perf_counter()
-    for _ in stream_greedy(sess, layout, input_ids, np.ones(input_ids.shape, np.int64), new_tokens, PLAIN):
+    for _ in stream_bound(sess, layout, input_ids, np.ones(input_ids.shape, np.int64), new_tokens, PLAIN, target):
         now = time.perf_counter()
         seconds.append(now - t0)
         t0 = now
@@ -174,11 +187,12 @@ def speed(run: Callable[[int], list[float]], batch: int, tokens: int, repeats: i
 
 
 def decode_speed(sess, layout: CacheLayout, *, batch: int = 1, prompt: int = SPEED_PROMPT,
-                 tokens: int = SPEED_TOKENS, repeats: int = REPEATS, seed: int = 0) -> tuple[float, float]:
+                 tokens: int = SPEED_TOKENS, repeats: int = REPEATS, seed: int = 0,
+                 target: Target = CPU_TARGET) -> tuple[float, float]:
     """(prompt seconds, decode tokens/s) of the greedy loop on ``batch`` rows of a random ``prompt``-token
-    prompt, then ``tokens`` new ones (see :func:`speed`)."""
+    prompt, then ``tokens`` new ones, the cache on ``target``'s device (see :func:`speed`)."""
     ids = np.random.default_rng(seed).integers(0, max(layout.vocab, 1), (batch, prompt), dtype=np.int64)
-    return speed(lambda n: timed_greedy(sess, layout, ids, n), batch, tokens, repeats)
+    return speed(lambda n: timed_greedy(sess, layout, ids, n, target), batch, tokens, repeats)
 
 
 # --------------------------------------------------------------------------- building
@@ -366,10 +380,13 @@ def _quiet(name: str) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class DecoderBuild:
-    """What a decoder variant's builder is given: the cache layout and a scratch folder."""
+    """What a decoder variant's builder is given: the cache layout, a scratch folder, the model's rotary tables
+    (None: none, or not asked for) and where the variants run."""
 
     layout: CacheLayout
     tmp: Path
+    rotary: Rotary | None = None
+    target: Target = CPU_TARGET
 
 
 def _fused(src: Path, dst: Path, ctx: DecoderBuild) -> BuildOutcome:
@@ -399,14 +416,19 @@ def policy(name: str, tolerance: Tolerance) -> Policy:
 
 
 def judge(name: str, path: Path, layout: CacheLayout, refs: References, tolerance: Tolerance,
-          threads: int | None, notes: tuple[str, ...] = (), *, prompt: int = SPEED_PROMPT) -> DecoderVariant:
+          threads: int | None, notes: tuple[str, ...] = (), *, prompt: int = SPEED_PROMPT,
+          target: Target = CPU_TARGET, options: SessionOptions | None = None) -> DecoderVariant:
     """Re-prove the variant at ``path`` against ``refs`` and time its decode at batch 1 after a ``prompt``-token
-    prompt (the decoder kind's judge): its runs first (step cases, teacher-forced and own greedy tokens), then
-    one comparison (:func:`~onnxport.prove.judging.compare_accuracy`) and one verdict."""
-    sess = session(path, providers=[CPU], threads=threads)
+    prompt (the decoder kind's judge), on ``target``'s providers: its runs first (step cases, teacher-forced
+    and own greedy tokens), then one comparison (:func:`~onnxport.prove.judging.compare_accuracy`) and one
+    verdict. ``options``: the session options the variant is run with (its CUDA graph); a file sharing its past
+    and present buffer is judged on the step cases its attention runs (:func:`runnable`)."""
+    sess = target.with_options(options or SessionOptions.base(target.device)).session(path, threads=threads)
+    refs, left_out = runnable(refs, shares_buffer(sess))
+    notes = (*notes, *left_out)
     steps = step_runs(sess, layout, refs)
     forced = teacher_forced(sess, layout, refs.prompts, refs.tokens)
-    own = greedy_tokens(sess, layout, refs.prompts, int(refs.tokens.shape[1]))
+    own = greedy_tokens(sess, layout, refs.prompts, int(refs.tokens.shape[1]), target)
     found = compare_accuracy(steps, RunResults.of(refs.steps.cases, refs.steps.outputs), tolerance)
     top1 = token_agreement(forced, refs.tokens).share
     found = replace(found, top1=top1)
@@ -414,10 +436,24 @@ def judge(name: str, path: Path, layout: CacheLayout, refs: References, toleranc
     judged = verdict(found, policy(name, tolerance), tokens)  # policy.tokens is off: greedy steps inform only
     prompt = max(1, min(prompt, layout.max_length - 2))
     n = max(1, min(SPEED_TOKENS, layout.max_length - prompt - 1))
-    prompt_s, tok_s = decode_speed(sess, layout, prompt=prompt, tokens=n)
+    prompt_s, tok_s = decode_speed(sess, layout, prompt=prompt, tokens=n, target=target)
     return DecoderVariant(name, path, file_bytes(path), fused_ops(op_counts(path)), found.max_abs_err, found.within,
                           found.cosine, top1, tokens.steps, tokens.total, tok_s, prompt_s * 1000, judged.passed,
-                          judged.reason, notes, metrics=judged.metrics, varying=varying_record(found.varying, tokens))
+                          judged.reason, notes, metrics=judged.metrics, varying=varying_record(found.varying, tokens),
+                          session_options=None if options is None else options.to_dict())
+
+
+def runnable(refs: References, shared: bool) -> tuple[References, tuple[str, ...]]:
+    """``refs`` with the step cases GroupQueryAttention does not run left out when ``shared`` (several new tokens
+    on a cache for more than one row), and a note saying so; unchanged otherwise."""
+    keep = [i for i, (b, p, n) in enumerate(refs.steps.cases) if not (shared and b > 1 and p > 0 and n > 1)]
+    if len(keep) == len(refs.steps.cases):
+        return refs, ()
+    steps = Refs(*(tuple(part[i] for i in keep) for part in (refs.steps.cases, refs.steps.inputs,
+                                                                refs.steps.outputs)))
+    return (replace(refs, steps=steps),
+            (f"{len(refs.steps.cases) - len(keep)} step case(s) of several new tokens on a cache for several rows "
+             "left out: GroupQueryAttention runs them for one row only",))
 
 
 register_judge(DECODER, judge)
@@ -434,6 +470,7 @@ class _Run:
     tolerance: Tolerance
     threads: int | None
     prompt: int
+    target: Target = CPU_TARGET
 
 
 def _unmade(why: Unmade) -> DecoderVariant:
@@ -449,29 +486,39 @@ def variant_pass(name: str, run: _Run) -> VariantPass[DecoderVariant]:
     """Variant ``name`` as a pass: built by its registered builder (:func:`~onnxport.optimize.passes.build_into`;
     the export itself for the baseline), judged by the decoder kind's judge."""
     judged = functools.partial(registry.judge(DECODER), name, layout=run.ctx.layout, refs=run.refs,
-                               tolerance=run.tolerance, threads=run.threads, prompt=run.prompt)
+                               tolerance=run.tolerance, threads=run.threads, prompt=run.prompt, target=run.target)
     build = (None if name == BASELINE else functools.partial(
         build_into, registry.builder(DECODER, name), run.src, run.vdir / f"{name}.onnx", run.ctx))
-    return VariantPass(name, run.src, build, lambda made: judged(path=made.file, notes=made.outcome.notes), _unmade,
+    return VariantPass(name, run.src, build, lambda made: judged(path=made.file, notes=made.outcome.notes,
+                                                                 options=made.outcome.session_options), _unmade,
                        baseline_notes=("the proven export itself",))
 
 
-def variant_names(names: Sequence[str] | str | None) -> tuple[str, ...]:
-    """The variants to make, ``export`` (the baseline) always first (None, "all", "auto": every one of the
-    decoder kind; :func:`onnxport.optimize.registry.chosen`, a UsageError for a name the kind lacks)."""
-    return (BASELINE, *registry.chosen("all" if names is None else names, DECODER))
+def variant_names(names: Sequence[str] | str | None, target: Target = CPU_TARGET) -> tuple[str, ...]:
+    """The variants to make, ``export`` (the baseline) always first (None, "all", "auto": the decoder kind's
+    defaults, and on a CUDA target its GPU variants too; :func:`onnxport.optimize.registry.chosen`, a
+    UsageError for a name the kind lacks)."""
+    names = "all" if names is None else names
+    chosen = registry.chosen(names, DECODER)
+    if target.gpu and names in ("all", "auto", ["all"], ["auto"]):
+        chosen = tuple(n for n in registry.kind(DECODER).names if n in chosen or n in GPU_DEFAULT)
+    return (BASELINE, *chosen)
 
 
 def optimize_decoder(model: nn.Module, layout: CacheLayout, proven_path: str | Path, out_dir: str | Path, *,
                      names: Sequence[str] | str | None = None, tolerance: Tolerance = FP32,
-                     threads: int | None = None, progress: Progress = noop, budget_s: float | None = None,
-                     seq: int | None = None) -> DecoderVariants:
+                     progress: Progress = noop, settings: CacheVariants | None = None,
+                     target: Target = CPU_TARGET) -> DecoderVariants:
     """Make each variant of the proven file at ``proven_path`` in ``out_dir/variants/``, re-prove it against
     ``model`` and time it; a variant that cannot be made or run is recorded with why, never raised.
-    ``budget_s``: no variant is started after that many seconds (recorded as skipped); ``threads``:
-    onnxruntime's threads for judging and timing; ``seq``: the prompt length decode speed is timed after."""
-    budget = Budget(time.perf_counter(), budget_s)
-    wanted = variant_names(names)
+    ``settings`` (its names not read: ``names``): ``budget_s``, no variant is started after that many seconds
+    (recorded as skipped); ``threads``, onnxruntime's threads for judging and timing; ``seq``, the prompt length
+    decode speed is timed after. ``target``: where the variants are judged and timed (PyTorch's references are
+    computed on the CPU)."""
+    settings = settings or CacheVariants()
+    threads, seq = settings.threads, settings.seq
+    budget = Budget(time.perf_counter(), settings.budget_s)
+    wanted = variant_names(names, target)
     src = Path(proven_path)
     vdir = Path(out_dir) / "variants"
     vdir.mkdir(parents=True, exist_ok=True)
@@ -480,7 +527,9 @@ def optimize_decoder(model: nn.Module, layout: CacheLayout, proven_path: str | P
     refs = references(model, layout)
     prompt = seq or SPEED_PROMPT
     with tempfile.TemporaryDirectory(prefix=".onnxport-variants-", dir=vdir) as tmp:
-        run = _Run(src, vdir, DecoderBuild(layout, Path(tmp)), refs, tolerance, threads, prompt)
+        rotary = rotary_tables(model, layout.max_length) if set(wanted) & set(GPU_DEFAULT) else None
+        run = _Run(src, vdir, DecoderBuild(layout, Path(tmp), rotary, target), refs, tolerance, threads, prompt,
+                   target)
 
         def one(name: str, say: Progress) -> DecoderVariant:
             say(f"variant {name}: building, proving against PyTorch and timing decode")
@@ -494,4 +543,7 @@ def optimize_decoder(model: nn.Module, layout: CacheLayout, proven_path: str | P
     with contextlib.suppress(OSError):
         if not any(vdir.iterdir()):
             os.rmdir(vdir)
-    return DecoderVariants(tuple(made), COSINE_MIN, TOP1_MIN, threads, prompt=prompt)
+    return DecoderVariants(tuple(made), COSINE_MIN, TOP1_MIN, threads, prompt=prompt, device=target.device)
+
+
+from onnxport.decoder.device_variants import GPU_DEFAULT  # noqa: E402 - registers the gqa, fp16 and cuda-graph builders

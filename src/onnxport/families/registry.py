@@ -98,6 +98,9 @@ class Family:
     parts: Parts | None = None  # a source made of several models: each part proven alone into OUT/<part>/
     joint: Joint | None = None  # then proven together (its record under report.json's ``joint_proof``)
     hooks: Hooks | None = None  # what differs in the one pipeline's stages (export, proof, variants, section)
+    # the session options (report.json's form) a GPU Triton entry of its served file runs with when the report
+    # records none for it, and without a CUDA graph (Triton's backend replays captured shapes); None: the default
+    gpu_session: Mapping[str, Any] | None = None
 
     def server_extension(self) -> Any:
         """The server extension ``extension`` names (imported when first asked for; None when it names none)."""

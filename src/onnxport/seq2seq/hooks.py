@@ -11,6 +11,7 @@ from pathlib import Path
 
 from onnxport.decoder.stage import cache_notes
 from onnxport.families import Exported, Hooks, Made, Optimized, Proved, Run
+from onnxport.runtime.binding import Target
 from onnxport.seq2seq.export import export_seq2seq
 from onnxport.seq2seq.flow import MAX_LENGTH, MAX_SOURCE, keep_files, prepared
 from onnxport.seq2seq.generation import open_sessions
@@ -58,9 +59,10 @@ def prove(run: Run, exported: Exported) -> Proved:
     ``model.generate``."""
     made: FilesExport = exported.record
     run.progress(f"proving at opset {exported.opset}: step cases and greedy generation against PyTorch")
-    sessions = open_sessions(exported.path.parent, paths=made.export.paths)
+    target = Target.of(run.options.runtime)
+    sessions = open_sessions(exported.path.parent, paths=made.export.paths, providers=list(target.providers))
     proof = prove_seq2seq(run.loaded.model, made.layout, sessions, tolerance=run.options.proof.tolerance,
-                          new_tokens=made.new_tokens)
+                          new_tokens=made.new_tokens, target=target)
     return Proved(proof.tolerance, proof.cases, proof.passed, proof, tuple(diagnostics(proof)))
 
 
@@ -75,7 +77,8 @@ def optimize(run: Run, made: Made) -> Optimized:
     o, files = run.options, made.exported.record
     built = optimize_seq2seq(run.loaded.model, files.layout, run.model_file.parent, run.out,
                              names=o.optimize.variants, tolerance=o.proof.tolerance, progress=run.progress,
-                             budget_s=o.optimize.budget, threads=o.bench.threads if o.bench is not None else None)
+                             budget_s=o.optimize.budget, threads=o.bench.threads if o.bench is not None else None,
+                             target=Target.of(o.runtime))
     return Optimized(built, (variants_info(built),))
 
 

@@ -11,10 +11,12 @@ from torch import nn
 from onnxport.core.errors import UsageError, one_line
 from onnxport.core.greedy import PLAIN, GreedyRules
 from onnxport.core.records import FP32, Tolerance
-from onnxport.decoder.prove import reference_config
+from onnxport.decoder.prove import on_target, reference_config
 from onnxport.decoder.records import GenerationCheck
 from onnxport.prove.judging import RunResults, compare_accuracy, run_cases
 from onnxport.prove.references import Ran, run_each
+from onnxport.runtime.binding import CPU_TARGET, Target
+from onnxport.runtime.sessions import OnDevice
 from onnxport.seq2seq.feeds import (
     decoder_ids,
     encoder_inputs,
@@ -115,9 +117,17 @@ def judged_step(layout: Seq2SeqLayout, case: Case, got_states: tuple | None, got
 
 
 def prove_seq2seq(model: nn.Module, layout: Seq2SeqLayout, sessions: Sessions, *, tolerance: Tolerance = FP32,
-                  new_tokens: int = NEW_TOKENS, seed: int = 0) -> Seq2SeqProof:
-    """Every :func:`step_matrix` case, then greedy generation (one row; a batch of three with padded sources)."""
-    wrappers = (Encoder(model, layout).eval(), FirstStep(model, layout).eval(), WithPast(model, layout).eval())
+                  new_tokens: int = NEW_TOKENS, seed: int = 0, target: Target = CPU_TARGET) -> Seq2SeqProof:
+    """Every :func:`step_matrix` case, then greedy generation (one row; a batch of three with padded sources);
+    PyTorch on ``target``'s device (the model moved there and back), ``sessions`` opened on its providers."""
+    with on_target(model, target) as moved:
+        return _proven(moved, layout, sessions, tolerance, new_tokens, seed, target)
+
+
+def _proven(model: nn.Module, layout: Seq2SeqLayout, sessions: Sessions, tolerance: Tolerance, new_tokens: int,
+            seed: int, target: Target) -> Seq2SeqProof:
+    wrappers = tuple(OnDevice(w, target.torch_device) if target.gpu else w for w in (
+        Encoder(model, layout).eval(), FirstStep(model, layout).eval(), WithPast(model, layout).eval()))
     cases = step_cases(sessions, wrappers, layout, tolerance, seed)
     prompt = len(layout.rules.decoder_prompt)
     if new_tokens > layout.max_length or prompt >= layout.max_length:
@@ -132,7 +142,7 @@ def prove_seq2seq(model: nn.Module, layout: Seq2SeqLayout, sessions: Sessions, *
     gens = (generation_check("one row", sessions, model, layout, one, (lengths[0],), new_tokens, rules),
             generation_check("padded batch", sessions, model, layout, batch, lengths,
                              new_tokens, rules.without_eos()))
-    return Seq2SeqProof(tolerance, cases, gens)
+    return Seq2SeqProof(tolerance, cases, gens, device=target.device)
 
 
 def generation_check(name: str, sessions: Sessions, model: nn.Module, layout: Seq2SeqLayout, inputs: list,
@@ -156,11 +166,13 @@ def reference_generate(model: nn.Module, layout: Seq2SeqLayout, inputs: list, ne
     config.update(decoder_start_token_id=layout.start_token)
     saved = model.generation_config
     model.generation_config = config  # unset fields fall back to the model's: its eos must not be there
-    kw = dict(zip(layout.encoder_inputs, inputs))
-    start = torch.tensor([[layout.start_token, *rules.decoder_prompt]] * inputs[0].shape[0], dtype=torch.long)
+    device = next(model.parameters()).device
+    kw = {name: t.to(device) for name, t in zip(layout.encoder_inputs, inputs)}
+    start = torch.tensor([[layout.start_token, *rules.decoder_prompt]] * inputs[0].shape[0], dtype=torch.long,
+                         device=device)
     try:
         with torch.inference_mode():
             out = GenerationMixin.generate(model, **kw, decoder_input_ids=start, generation_config=config)
     finally:
         model.generation_config = saved
-    return out[:, start.shape[1]:].numpy()
+    return out[:, start.shape[1]:].cpu().numpy()

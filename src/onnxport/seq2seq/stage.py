@@ -44,7 +44,6 @@ def checked(options: Options) -> Options:
                ("--samples", proof.samples is not None, "it is proven by greedy generation on random sources"),
                ("--tokenizer/--preprocess", proof.tokenizer is not None or proof.preprocess is not None,
                 "they read --samples"),
-               ("--device cuda", options.runtime.device != "cpu", "its proof runs on the CPU today"),
                (f"--seq {opt.seq}", opt.seq is not None, "the proof sets its source lengths"),
                (bench or "", bench is not None, "benchmarks/seq2seq.py times PyTorch and the three files")]
     for option, given, reason in refused:

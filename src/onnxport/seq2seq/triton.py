@@ -31,10 +31,12 @@ def recorded_layout(out: Path, report: object) -> dict:
     return layout
 
 
-def model_config(layout: dict, name: str, *, instance_count: int = 1, threads: int | None = None) -> dict:
+def model_config(layout: dict, name: str, *, instance_count: int = 1, threads: int | None = None,
+                 gpu: bool = False) -> dict:
     """Triton's configuration (JSON form) of an encoder-decoder served by the python backend (``model.py``, the
     greedy loop over its three files with onnxruntime): ``layout`` is report.json's ``seq2seq.layout``.
-    ``max_batch_size`` is 0: every tensor carries its batch as its first dim."""
+    ``max_batch_size`` is 0: every tensor carries its batch as its first dim. ``gpu``: GPU instances (model.py
+    then opens the files on the CUDA provider of its instance's device)."""
     found = Seq2SeqLayout.from_dict(layout)
     ids = found.source_input == "input_ids"
     source = [-1, *(-1 if d == "source" else int(d) for d in found.source_dims)]
@@ -45,7 +47,7 @@ def model_config(layout: dict, name: str, *, instance_count: int = 1, threads: i
     inputs.append({"name": "max_tokens", "data_type": TritonEnum("TYPE_INT32"), "dims": [1], "optional": True})
     return {"name": name, "backend": "python", "max_batch_size": 0,
             "input": inputs, "output": [{"name": "output_ids", "data_type": TritonEnum("TYPE_INT64"), "dims": [-1, -1]}],
-            "instance_group": [{"count": instance_count, "kind": TritonEnum("KIND_CPU")}],
+            "instance_group": [{"count": instance_count, "kind": TritonEnum("KIND_GPU" if gpu else "KIND_CPU")}],
             "parameters": {"intra_op_thread_count": {"string_value": str(threads or 0)},
                            **{key: {"string_value": text} for key, text in generation_parameters(layout).items()}}}
 
@@ -78,15 +80,12 @@ def config_notes(layout: dict) -> tuple[str, ...]:
 def repository_entry(out: Path, report: object, name: str, *, instance_count: int, threads: int | None,
                      gpu: bool) -> RepositoryEntry:
     """The encoder-decoder's python-backend entry for the output folder ``out`` (its ``report.json`` read as
-    ``report``); --gpu is a UsageError (its model.py runs onnxruntime on the CPU)."""
-    if gpu:
-        raise UsageError("--gpu does not apply to an encoder-decoder: its python-backend model.py runs onnxruntime "
-                         "on the CPU", "leave --gpu out (or serve it with onnxport serve OUT/)")
+    ``report``); ``gpu``: GPU instances, model.py running onnxruntime's CUDA provider there."""
     layout = recorded_layout(out, report)
     text = resources.files("onnxport.seq2seq").joinpath("triton_model.py").read_text(encoding="utf-8")
     processors = resources.files("onnxport.core").joinpath("greedy.py").read_text(encoding="utf-8")
     loop = resources.files("onnxport.seq2seq").joinpath(LOOP_FILE).read_text(encoding="utf-8")
-    return RepositoryEntry(model_config(layout, name, instance_count=instance_count, threads=threads),
+    return RepositoryEntry(model_config(layout, name, instance_count=instance_count, threads=threads, gpu=gpu),
                            config_notes(layout), text,
                            {PROCESSORS_FILE: processors, LOOP_FILE: loop, LAYOUT_FILE: json.dumps(layout, indent=2) + "\n"},
                            # serve REPO's generate takes text with the tokenizer, and audio with the extractor

@@ -136,6 +136,15 @@ def max_tokens(layout: dict, request) -> int:
     return count
 
 
+def providers(args: dict) -> list:
+    """The instance's providers: on a GPU instance (``instance_group`` KIND_GPU) the CUDA provider on the
+    instance's device (TF32 off: the files were proven in fp32), then the CPU; else the CPU."""
+    if str(args.get("model_instance_kind", "CPU")).upper() != "GPU":
+        return ["CPUExecutionProvider"]
+    device = int(args.get("model_instance_device_id") or 0)
+    return [("CUDAExecutionProvider", {"device_id": device, "use_tf32": "0"}), "CPUExecutionProvider"]
+
+
 class TritonPythonModel:
     """The model Triton's python backend loads: three onnxruntime sessions and the greedy loop."""
 
@@ -147,7 +156,7 @@ class TritonPythonModel:
         options = ort.SessionOptions()
         threads = str((params.get("intra_op_thread_count") or {}).get("string_value") or "0")
         options.intra_op_num_threads = int(threads) if threads.isdigit() else 0
-        self.sessions = [ort.InferenceSession(str(folder / name), options, providers=["CPUExecutionProvider"])
+        self.sessions = [ort.InferenceSession(str(folder / name), options, providers=providers(args))
                          for name in FILES]
 
     def execute(self, requests: list) -> list:

@@ -41,6 +41,7 @@ from onnxport.prove.judging import (
     varying_record,
     verdict,
 )
+from onnxport.runtime.binding import CPU_TARGET, Target
 from onnxport.seq2seq.feeds import decoder_ids, encoder_inputs, first_inputs, random_cache, with_past_inputs
 from onnxport.seq2seq.generation import Sessions, generate_greedy, open_sessions
 from onnxport.seq2seq.kind import SEQ2SEQ
@@ -136,11 +137,12 @@ def decode_speed(sessions: Sessions, layout: Seq2SeqLayout, batch: int = 1) -> t
 
 
 def judge(name: str, folder: Path, layout: Seq2SeqLayout, refs, tolerance: Tolerance, threads: int | None,
-          notes: tuple[str, ...] = ()) -> DecoderVariant:
+          notes: tuple[str, ...] = (), *, target: Target = CPU_TARGET) -> DecoderVariant:
     """Re-prove the three files in ``folder`` against ``refs`` and time their decode (the encoder-decoder kind's
     judge): its runs first (the step cases' logits, greedy tokens for a padded batch), then one comparison
     (:func:`~onnxport.prove.judging.compare_accuracy`) and one verdict."""
-    sessions = open_sessions(folder, paths=[folder / f for f in FILES], threads=threads)
+    sessions = open_sessions(folder, paths=[folder / f for f in FILES], threads=threads,
+                             providers=list(target.providers))
     got, want = step_runs(sessions, layout, refs)
     _, _, sources, tokens_want = refs
     own = generate_greedy(sessions, layout, sources, tokens_want.shape[1], PLAIN)
@@ -184,14 +186,16 @@ def variant_pass(name: str, proven: Path, folder: Path, judged) -> VariantPass[D
 
 def optimize_seq2seq(model: nn.Module, layout: Seq2SeqLayout, proven: Path, out: Path, *,
                      names: Sequence[str] | str, tolerance: Tolerance = FP32, threads: int | None = None,
-                     budget_s: float | None = None, progress: Progress = noop) -> DecoderVariants:
+                     budget_s: float | None = None, progress: Progress = noop,
+                     target: Target = CPU_TARGET) -> DecoderVariants:
     """The variants ``names`` of the proven files in ``proven``, each in ``out/variants/<name>/``, judged and
     timed beside the export itself, by the loop every kind's variants go through
-    (:func:`~onnxport.optimize.passes.each_variant`: in order, none started after ``budget_s``)."""
+    (:func:`~onnxport.optimize.passes.each_variant`: in order, none started after ``budget_s``), on ``target``'s
+    providers (PyTorch's references on the CPU)."""
     budget = Budget(time.perf_counter(), budget_s)
     refs = _references(model, layout)
     judged = functools.partial(registry.judge(SEQ2SEQ), layout=layout, refs=refs, tolerance=tolerance,
-                               threads=threads)
+                               threads=threads, target=target)
 
     def one(name: str, say: Progress) -> DecoderVariant:
         say("timing the proven files" if name == BASELINE else f"building the {name} variant of the three files")
@@ -202,4 +206,5 @@ def optimize_seq2seq(model: nn.Module, layout: Seq2SeqLayout, proven: Path, out:
 
     # the export is judged whatever the budget: the others are timed against it
     made = [one(BASELINE, progress), *each_variant(registry.chosen(names, SEQ2SEQ), one, skipped, progress, budget)]
-    return DecoderVariants(tuple(made), GATES.cosine_min, GATES.top1_min, threads, SPEED_SOURCE)
+    return DecoderVariants(tuple(made), GATES.cosine_min, GATES.top1_min, threads, SPEED_SOURCE,
+                           device=target.device)

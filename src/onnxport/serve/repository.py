@@ -15,7 +15,7 @@ from onnxport import families
 from onnxport.core.errors import UsageError
 from onnxport.core.onnxfile import external_data_files
 from onnxport.runtime.sessions import OrtOptions
-from onnxport.runtime.variant_sessions import SessionOptions
+from onnxport.runtime.variant_sessions import SessionOptions, without_cuda_graph
 from onnxport.serve.models import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_DELAY_MS,
@@ -168,6 +168,8 @@ def triton_repository(out_or_onnx: str | Path, repo_dir: str | Path, *, name: st
     if family is not None and Path(out_or_onnx).is_dir():
         return _family_repository(family, Path(out_or_onnx), onnx_path, name, model_dir, instance_count, gpu,
                                   None if tuned is None else tuned.intra_op_num_threads)
+    if gpu and Path(out_or_onnx).is_dir():
+        variant = _gpu_session(Path(out_or_onnx), variant)
     sig = read_signature(onnx_path)
     config = model_config(sig, name, max_batch=max_batch, max_delay_us=int(max_delay_ms * 1000),
                           instance_count=instance_count, gpu=gpu, tuned=tuned, warmup_sizes=sizes,
@@ -185,6 +187,17 @@ def triton_repository(out_or_onnx: str | Path, repo_dir: str | Path, *, name: st
     files = tuple(sorted(p for p in model_dir.rglob("*") if p.is_file()))
     return TritonRepository(name, repo, model_dir, model_dir / "config.pbtxt", model_dir / "1" / "model.onnx",
                             model_dir / "inferenceservice.yaml", config["max_batch_size"], files)
+
+
+def _gpu_session(out: Path, variant: SessionOptions | None) -> SessionOptions | None:
+    """The session options a GPU entry of ``out``'s served file runs with: the family's own (``gpu_session``,
+    its file run step by step: the CUDA provider without a CUDA graph) when report.json's section names a family
+    that has them, else ``variant`` (the best's recorded options)."""
+    report = read_report(out) or {}
+    family = next((f for f in families.families() if f.gpu_session is not None and f.section in report), None)
+    if family is None:
+        return variant
+    return without_cuda_graph(variant) if variant is not None else SessionOptions.from_dict(family.gpu_session)
 
 
 def _staging(model_dir: Path) -> Path:
