@@ -191,12 +191,9 @@ class CarriedSteps:
 
     def _fixed(self, name: str, value: np.ndarray):
         """The input's buffer at its fixed address on the device, ``value`` copied into it."""
-        if name not in self.fixed:
-            self.allocations += 1
-            self.fixed[name] = self._ort.OrtValue.ortvalue_from_numpy(value, self.target.ort_device,
-                                                                      self.target.device_id)
-        else:
-            self.fixed[name].update_inplace(value)
+        if name not in self.fixed:  # its own memory (an OrtValue made from an array would share the array's)
+            self.fixed[name] = self._alloc_typed(value.shape, value.dtype)
+        self.fixed[name].update_inplace(value)
         return self.fixed[name]
 
     def _fixed_scores(self):
