@@ -173,6 +173,12 @@ def run(device: str, *, smoke: bool = False, repeats: int = 3) -> dict:
     return result
 
 
+def gpu_check(work: Path, smoke: bool) -> dict:
+    """benchmarks/gpu_check.py's decoder check: :func:`run` on CUDA (``smoke``: the tiny model on the CPU);
+    ``work`` is not needed (the files go to a temporary folder)."""
+    return run("cpu" if smoke else "cuda", smoke=smoke)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
