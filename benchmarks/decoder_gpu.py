@@ -91,8 +91,9 @@ def onnxport_best(model, out: Path, device: str, prompt: int, new: int, repeats:
     target = Target.of(RuntimeOptions(device=device))
     names = GPU_VARIANTS if device == "cuda" else CPU_VARIANTS
     t0 = time.perf_counter()
-    outcome = decoder.run_model(model, out, max_length=max(prompt + new + 8, 48), target=target,
-                                variants=CacheVariants(names="export," + names, seq=prompt))
+    max_length = max(prompt + new + 8, 24)
+    outcome = decoder.run_model(model, out, max_length=max_length, new_tokens=min(32, max_length - prompt - 4),
+                                target=target, variants=CacheVariants(names="export," + names, seq=prompt))
     made = outcome.variants
     row: dict = {"proven": outcome.passed, "seconds": time.perf_counter() - t0, "device": device,
                  "variants": None if made is None else made.to_dict()}
