@@ -144,6 +144,8 @@ def test_decoder_gpu(tmp_path):
     data = json.loads(out.read_text())
     assert data["device"] == "cpu" and data["smoke"] and data["onnxport"]["proven"] is True
     assert data["onnxport"]["best"] and data["onnxport"]["tok_s_b8"] > 0 and data["hf_eager"]["tok_s_b1"] > 0
+    made = {v["name"]: v for v in data["onnxport"]["variants"]["variants"]}
+    assert made["gqa"]["passed"], made["gqa"]  # GroupQueryAttention built and proven on the CPU provider
     assert data["vs_hf_b1"] > 0 and "available" in data["genai"] and data["command"].endswith("--json " + str(out))
 
 

@@ -149,6 +149,9 @@ def to_group_query(model: onnx.ModelProto, layout: CacheLayout, rotary: Rotary |
     what was done. A model without rotary tables or a layer that does not match is :class:`Skip`."""
     if rotary is None:
         raise Skip("no rotary embedding: GroupQueryAttention's fused rotary does not apply")
+    if layout.head_dim % 16 or (layout.value_dim or layout.head_dim) != layout.head_dim:
+        raise Skip(f"GroupQueryAttention takes keys and values of one head size, a multiple of 16; this model's "
+                   f"is {layout.head_dim}" + (f" and {layout.value_dim}" if layout.value_dim else ""))
     if layout.sliding_window is not None and layout.sliding_window < layout.max_length:
         raise Skip("a sliding window shorter than --max-length: GroupQueryAttention is not given it")
     g = _Graph(model)
