@@ -145,3 +145,12 @@ def test_adaptive_pooling_is_exported_for_every_size(tmp_path, exporter):
     whole = torch.randn(2, 3, 5, 7)
     assert torch.equal(patches._dynamic_adaptive_avg_pool(torch.nn.functional.adaptive_avg_pool2d)(whole, 1),
                        torch.nn.functional.adaptive_avg_pool2d(whole, 1))
+
+
+@pytest.mark.parametrize(("size", "patched"), [(1, False), ((1, 1), False), ((None, 4), False), (6, True),
+                                                 ((2, 3), True)])
+def test_only_a_pool_whose_windows_depend_on_the_input_size_is_patched(size, patched):
+    """A global pool (ResNet's head) exports right at every size: no patch, no diagnostic for it."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(size))
+    with patches.applied(_loaded(model), "torchscript") as diags:
+        assert [d.code for d in diags] == (["export-patch"] if patched else [])

@@ -35,14 +35,16 @@ class Patch:
     attr: str
     exporters: tuple[str, ...]
     make: Callable[[Callable], Callable]
+    needs: Callable[[nn.Module], bool] | None = None  # of an instance of the target: whether it needs the patch
 
     def targets(self, model: nn.Module) -> bool:
-        """Whether ``model`` holds an instance of the target class (or of a subclass of it)."""
+        """Whether ``model`` holds an instance of the target class (or of a subclass of it) that needs it."""
         mod_name, cls_name = self.target.split(":")
         if mod_name not in sys.modules:  # never imported: no instance of it can exist
             return False
         cls = getattr(sys.modules[mod_name], cls_name, None)
-        return isinstance(cls, type) and any(isinstance(m, cls) for m in model.modules())
+        return isinstance(cls, type) and any(isinstance(m, cls) and (self.needs is None or self.needs(m))
+                                             for m in model.modules())
 
 
 PATCHES: dict[str, Patch] = {}
@@ -142,10 +144,16 @@ def _pool_matrix(size, out: int, like: torch.Tensor) -> torch.Tensor:
     return inside.to(like.dtype) / (end - start)[:, None].to(like.dtype)
 
 
+def _windowed(output_size: int | tuple) -> bool:
+    """Whether adaptive pooling to ``output_size`` has windows that depend on the input size (not a global pool)."""
+    out = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
+    return None not in out and out != (1, 1)
+
+
 def _dynamic_adaptive_avg_pool(original: Callable) -> Callable:
     def adaptive_avg_pool2d(input, output_size):  # noqa: A002 - torch's own parameter name
         out = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
-        if None in out or out == (1, 1) or input.dim() not in (3, 4):
+        if not _windowed(output_size) or input.dim() not in (3, 4):
             return original(input, output_size)  # a global pool exports as one at every size
         rows = _pool_matrix(input.shape[-2], out[0], input)
         cols = _pool_matrix(input.shape[-1], out[1], input)
@@ -165,4 +173,5 @@ ADAPTIVE_AVG_POOL = register(Patch(
     attr="adaptive_avg_pool2d",
     exporters=("dynamo", "torchscript"),
     make=_dynamic_adaptive_avg_pool,
+    needs=lambda pool: _windowed(pool.output_size),  # a global pool (ResNet's) exports right at every size
 ))
