@@ -47,6 +47,17 @@ def past_dtype(sess) -> np.dtype:
     return np.dtype(kinds.get(first, np.float32))
 
 
+def _started(layout: CacheLayout, input_ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int,
+             rules: GreedyRules | None):
+    """What every greedy loop starts from: the room checked, the ids and mask as int64, the rules (None: the
+    layout's, else plain argmax) and their decoding state."""
+    check_room(layout, input_ids.shape[1], max_new_tokens)
+    mask = attention_mask.astype(np.int64)
+    ids = input_ids.astype(np.int64)
+    rules = rules if rules is not None else layout.generation or GreedyRules()
+    return ids, mask, rules, rules.start(ids, max_new_tokens, mask)
+
+
 def stream_greedy(sess, layout: CacheLayout, input_ids: np.ndarray, attention_mask: np.ndarray,
                   max_new_tokens: int, rules: GreedyRules | None = None) -> Iterator[np.ndarray]:
     """Greedy tokens one step at a time under ``rules`` (the generation config's processors and end-of-sequence
@@ -54,12 +65,8 @@ def stream_greedy(sess, layout: CacheLayout, input_ids: np.ndarray, attention_ma
     ``max_new_tokens`` steps, and stops after the step where every row has produced an end-of-sequence token
     (rows that finished earlier get the pad token, as ``generate`` gives them). A prompt that leaves no room is
     a UsageError before anything runs."""
-    batch, prompt = input_ids.shape
-    check_room(layout, prompt, max_new_tokens)
-    mask = attention_mask.astype(np.int64)
-    ids = input_ids.astype(np.int64)
-    rules = rules if rules is not None else layout.generation or GreedyRules()
-    decoding = rules.start(ids, max_new_tokens, mask)
+    ids, mask, rules, decoding = _started(layout, input_ids, attention_mask, max_new_tokens, rules)
+    batch = ids.shape[0]
     dtype = past_dtype(sess)
     past = [np.zeros(layout.past_shape(kind, batch, 0), dtype) for _ in range(layout.layers) for kind in ("key", "value")]
     outputs = list(layout.output_names)
@@ -110,12 +117,8 @@ def stream_bound(sess, layout: CacheLayout, input_ids: np.ndarray, attention_mas
     """:func:`stream_greedy`'s tokens with the cache kept on ``target``'s device through IO binding
     (:func:`carried_steps`, or ``steps`` made by it for these rows): the presents are never copied to the host,
     and of the logits only each row's next token is, unless the rules change scores (then the last position's)."""
-    batch, prompt = input_ids.shape
-    check_room(layout, prompt, max_new_tokens)
-    mask = attention_mask.astype(np.int64)
-    ids = input_ids.astype(np.int64)
-    rules = rules if rules is not None else layout.generation or GreedyRules()
-    decoding = rules.start(ids, max_new_tokens, mask)
+    ids, mask, rules, decoding = _started(layout, input_ids, attention_mask, max_new_tokens, rules)
+    batch = ids.shape[0]
     steps = steps if steps is not None else carried_steps(sess, layout, batch, target)
     if steps.shared and not mask.all():
         raise UsageError("this file's attention (GroupQueryAttention) takes unpadded rows only",
