@@ -5,8 +5,6 @@ provider: its tokens equal the host loop's and its cache buffers are allocated o
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -16,7 +14,6 @@ from onnxport import api
 from onnxport.core.errors import EnvironmentProblem
 from onnxport.core.greedy import PLAIN, GreedyRules
 from onnxport.core.options import GpuOptions, Options, RuntimeOptions
-from onnxport.decoder import cache_layout, export_decoder
 from onnxport.decoder.applies import refuse_for_decoder
 from onnxport.decoder.generation import carried_steps, generate_greedy, stacked, stream_bound
 from onnxport.runtime.binding import CPU_TARGET, Target, pick_model
@@ -24,7 +21,6 @@ from onnxport.runtime.sessions import CPU, CUDA, session
 from onnxport.runtime.variant_sessions import SessionOptions
 from onnxport.seq2seq.stage import checked as refuse_for_seq2seq
 
-MAX_LENGTH = 40
 SIMULATED = [CUDA, CPU]
 
 
@@ -62,14 +58,9 @@ def test_device_cuda_without_a_gpu_is_an_environment_problem(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(hidden_size=64, vocab_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256)
-    model = transformers.LlamaForCausalLM(config).eval()
-    layout = cache_layout(model, MAX_LENGTH)
-    made = export_decoder(model, layout, Path(tmp_path_factory.mktemp("llama")) / "decoder.onnx")
-    return model, layout, session(made.path)
+def llama(exported_llama):
+    model, layout, path, _ = exported_llama
+    return model, layout, session(path)
 
 
 def _prompts() -> tuple[np.ndarray, np.ndarray]:

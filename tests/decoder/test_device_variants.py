@@ -5,17 +5,14 @@ that a CUDA graph replays (run for real on the CPU); the ``cuda-graph`` variant'
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import onnx
 import pytest
-import torch
 import transformers
 
 from onnxport.core.errors import UsageError
 from onnxport.core.greedy import PLAIN
-from onnxport.decoder import cache_layout, export_decoder, optimize_decoder
+from onnxport.decoder import optimize_decoder
 from onnxport.decoder.attention import rotary_tables, to_group_query
 from onnxport.decoder.device_variants import build_cuda_graph
 from onnxport.decoder.generation import carried_steps, generate_greedy, shares_buffer, stacked, stream_bound
@@ -23,21 +20,14 @@ from onnxport.decoder.variants import DecoderBuild, variant_names
 from onnxport.optimize.context import Skip
 from onnxport.runtime.binding import CPU_TARGET, Target
 from onnxport.runtime.sessions import CPU, CUDA, session
+from tests.decoder.conftest import MAX_LENGTH
 
-MAX_LENGTH = 40
 CUDA_TARGET = Target("cuda", 0, ((CUDA, {"device_id": 0}), CPU))  # simulated: built, never run here
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(hidden_size=64, vocab_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256)
-    model = transformers.LlamaForCausalLM(config).eval()
-    layout = cache_layout(model, MAX_LENGTH)
-    folder = Path(tmp_path_factory.mktemp("llama"))
-    made = export_decoder(model, layout, folder / "decoder.onnx")
-    return model, layout, made.path, folder
+def llama(exported_llama):
+    return exported_llama
 
 
 @pytest.fixture(scope="module")
