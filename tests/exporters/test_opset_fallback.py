@@ -5,7 +5,8 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from tests.conftest import load_report, run_cli
+from tests.conftest import load_report
+from tests.fixtures.in_process import run_cli_here
 
 
 @pytest.fixture(scope="module")
@@ -14,17 +15,18 @@ def tiny_llama(tmp_path_factory):
     import transformers
 
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    cfg = transformers.LlamaConfig(vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
     path = tmp_path_factory.mktemp("llama") / "tiny"
     transformers.LlamaModel(cfg).save_pretrained(path)  # the base model: no KV-cache path, the plain export
     return path
 
 
 @pytest.mark.slow
-def test_rotary_embedding_refused_at_run_time_falls_back_to_an_opset_that_runs(tiny_llama, tmp_path):
+def test_rotary_embedding_refused_at_run_time_falls_back_to_an_opset_that_runs(tiny_llama, tmp_path, monkeypatch,
+                                                                             capsys):
     out = tmp_path / "o"
-    proc = run_cli("export", f"hf:{tiny_llama}", "-d", "seq=1..64", "-o", str(out))
+    proc = run_cli_here(monkeypatch, capsys, "export", f"hf:{tiny_llama}", "-d", "seq=1..16", "-o", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     rep = load_report(out)
     attempts = rep["export"]["attempts"]

@@ -15,7 +15,8 @@ from onnxport.core.samples import make_inputs
 from onnxport.core.spec import merge_dims, parse_dim, parse_input
 from onnxport.exporters import packed
 from onnxport.exporters.chain import export
-from tests.conftest import FIXTURES, load_report, run_cli
+from tests.conftest import FIXTURES, load_report
+from tests.fixtures.in_process import run_cli_here
 
 PACKED = FIXTURES / "packed.py"
 DIMS = ["batch=1..16", "seq=1..40"]
@@ -146,10 +147,10 @@ def test_lengths_bounded_by_a_dim():
 
 
 @pytest.mark.slow
-def test_cli_exports_and_proves_a_packed_gru(tmp_path):
+def test_cli_exports_and_proves_a_packed_gru(tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
     args = [a for s in SPECS["GRUClassifier"] for a in ("-i", s)] + [a for d in DIMS for a in ("-d", d)]
-    proc = run_cli("export", f"{PACKED}:GRUClassifier", *args, "-o", str(out), "--json")
+    proc = run_cli_here(monkeypatch, capsys, "export", f"{PACKED}:GRUClassifier", *args, "-o", str(out), "--json")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = load_report(out)
     assert report["status"] == "ok" and report["validation"]["passed"]

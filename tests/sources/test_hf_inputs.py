@@ -12,9 +12,10 @@ import torch
 import transformers as T
 
 from onnxport.api import load_model
-from tests.conftest import load_report, run_cli
+from tests.conftest import load_report
+from tests.fixtures.in_process import run_cli_here
 
-TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+TINY = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
 CONV = dict(conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
             num_conv_pos_embedding_groups=2)
 TOWERS = dict(text_config=dict(vocab_size=99, max_position_embeddings=32, **TINY),
@@ -70,8 +71,8 @@ def test_the_shortest_audio_is_what_the_conv_stack_takes(saved, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["hubert-cls", "clip"])
-def test_exported_from_the_directory_and_proven(saved, tmp_path, name):
-    r = run_cli("export", f"hf:{saved / name}", "-o", str(tmp_path / name))
+def test_exported_from_the_directory_and_proven(saved, tmp_path, name, monkeypatch, capsys):
+    r = run_cli_here(monkeypatch, capsys, "export", f"hf:{saved / name}", "-o", str(tmp_path / name))
     assert r.returncode == 0, r.stdout + r.stderr
     rep = load_report(tmp_path / name)
     assert rep["status"] == "ok" and all(d["proven"] for d in rep["check"]["dynamic_dims"])

@@ -14,9 +14,10 @@ from onnxport.api import load_model
 from onnxport.core.spec import Dim, InputSpec
 from onnxport.sources.finish import Finishing, finish
 from onnxport.sources.vision import _image_params, _one_size, _torchvision_dims, _weights_meta
-from tests.conftest import load_report, run_cli
+from tests.conftest import load_report
+from tests.fixtures.in_process import run_cli_here
 
-TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+TINY = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
 
 
 def _models() -> dict:
@@ -71,8 +72,8 @@ def test_clap_frames_reach_the_audio_towers_window(saved):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["videomae", "ast"])
-def test_exported_and_proven(saved, tmp_path, name):
-    r = run_cli("export", f"hf:{saved / name}", "-o", str(tmp_path / name))
+def test_exported_and_proven(saved, tmp_path, name, monkeypatch, capsys):
+    r = run_cli_here(monkeypatch, capsys, "export", f"hf:{saved / name}", "-o", str(tmp_path / name))
     assert r.returncode == 0, r.stdout + r.stderr
     assert load_report(tmp_path / name)["status"] == "ok"
 
