@@ -7,9 +7,11 @@ import pytest
 
 from onnxport import api
 from onnxport.core.errors import UsageError
-from tests.conftest import FIXTURES, MODELS, load_report, run_cli
+from tests.conftest import FIXTURES, MODELS, load_report
+from tests.fixtures import forked_cli
 
 TRAPS = FIXTURES / "traps.py"
+cli = forked_cli.cli  # a fixture: commands forked from one process that did the CLI's imports once
 pytestmark = pytest.mark.slow
 
 
@@ -72,14 +74,14 @@ def test_value_dependent_ops_that_the_dynamo_exporter_keeps_are_proven(tmp_path,
     assert all(c["passed"] for c in rep["validation"]["cases"])
 
 
-def test_operator_without_onnx_export_exits_3_naming_op_and_line(tmp_path):
+def test_operator_without_onnx_export_exits_3_naming_op_and_line(tmp_path, cli):
     rep = _export(tmp_path, f"{TRAPS}:Eig", ["x:float32[batch,3,3]"])
     assert rep["status"] == "export_failed"
     unsupported = [d for d in rep["diagnostics"] if d["code"] == "unsupported-operator"]
     assert {d["node"] for d in unsupported} >= {"aten.linalg_eig"}
     assert all("traps.py:73" in d["message"] for d in unsupported)
     assert unsupported[0]["module"] == "Eig (the model's own forward)"
-    proc = run_cli("export", f"{TRAPS}:Eig", "-i", "x:float32[batch,3,3]", "-o", str(tmp_path / "cli"))
+    proc = cli("export", f"{TRAPS}:Eig", "-i", "x:float32[batch,3,3]", "-o", str(tmp_path / "cli"))
     assert proc.returncode == 3
 
 
@@ -123,7 +125,7 @@ def test_integer_values_out_of_embedding_range_are_a_usage_error(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_compare_names_the_submodule_whose_weight_was_altered(tmp_path):
+def test_compare_names_the_submodule_whose_weight_was_altered(tmp_path, cli):
     import onnx
     from onnx import numpy_helper
 
@@ -136,7 +138,7 @@ def test_compare_names_the_submodule_whose_weight_was_altered(tmp_path):
     altered = tmp_path / "altered.onnx"
     onnx.save(model, str(altered))
     out = tmp_path / "cmp"
-    proc = run_cli("compare", f"{MODELS}:TinyText", str(altered), "-i", "input_ids:int64[batch,seq]",
+    proc = cli("compare", f"{MODELS}:TinyText", str(altered), "-i", "input_ids:int64[batch,seq]",
                    "-d", "seq=1..32", "-o", str(out))
     assert proc.returncode == 1, proc.stderr
     rep = load_report(out)
@@ -146,6 +148,6 @@ def test_compare_names_the_submodule_whose_weight_was_altered(tmp_path):
     assert _diag(rep, "divergence")["module"] == "encoder.layers.0.linear1"
     assert rep["export"]["path"] == str(altered)
     # the untouched export is proven by the same command
-    ok = run_cli("compare", f"{MODELS}:TinyText", str(src / "model.onnx"), "-i", "input_ids:int64[batch,seq]",
+    ok = cli("compare", f"{MODELS}:TinyText", str(src / "model.onnx"), "-i", "input_ids:int64[batch,seq]",
                  "-d", "seq=1..32", "-o", str(tmp_path / "cmp_ok"))
     assert ok.returncode == 0, ok.stderr

@@ -9,9 +9,11 @@ from onnx import numpy_helper
 from onnxport.core.diagnostics import error, warning
 from onnxport.core.records import FP32, CaseResult, Failure, ParityResult
 from onnxport.diagnose import rootcause
-from tests.conftest import FIXTURES, load_report, run_cli
+from tests.conftest import FIXTURES, load_report
+from tests.fixtures import forked_cli
 
 RC = FIXTURES / "rootcause.py"
+cli = forked_cli.cli  # a fixture: commands forked from one process that did the CLI's imports once
 
 
 def _errors(rep: dict) -> list[dict]:
@@ -44,9 +46,9 @@ def test_precision_is_named_only_when_every_shape_fails_by_a_small_similar_error
     assert rootcause.rank(fail, _parity([1.3, 1.2]))[0].code != "reduced-precision"  # too large for rounding
 
 
-def test_a_frozen_branch_is_the_headline_not_the_innocent_linear(tmp_path):
+def test_a_frozen_branch_is_the_headline_not_the_innocent_linear(tmp_path, cli):
     out = tmp_path / "o"
-    proc = run_cli("export", f"{RC}:FrozenChoice", "-i", "x:float32[batch,seq,4]", "--exporter", "torchscript",
+    proc = cli("export", f"{RC}:FrozenChoice", "-i", "x:float32[batch,seq,4]", "--exporter", "torchscript",
                    "-o", str(out))
     assert proc.returncode == 1
     rep = load_report(out)
@@ -60,9 +62,9 @@ def test_a_frozen_branch_is_the_headline_not_the_innocent_linear(tmp_path):
     assert "↳" in proc.stderr  # listed under the cause in the terminal too
 
 
-def test_a_baked_in_size_blames_that_dim_alone(tmp_path):
+def test_a_baked_in_size_blames_that_dim_alone(tmp_path, cli):
     out = tmp_path / "o"
-    proc = run_cli("export", f"{RC}:FixedSeq", "-i", "x:float32[batch,seq,4]", "--exporter", "torchscript",
+    proc = cli("export", f"{RC}:FixedSeq", "-i", "x:float32[batch,seq,4]", "--exporter", "torchscript",
                    "-o", str(out))
     assert proc.returncode == 1
     rep = load_report(out)
@@ -75,9 +77,9 @@ def test_a_baked_in_size_blames_that_dim_alone(tmp_path):
     assert len(unproven) == 1 and "'seq'" in unproven[0]["message"]
 
 
-def test_a_missing_operator_is_the_summary_not_the_last_strategys_shrug(tmp_path):
+def test_a_missing_operator_is_the_summary_not_the_last_strategys_shrug(tmp_path, cli):
     out = tmp_path / "o"
-    proc = run_cli("export", f"{RC}:SingularValues", "-i", "x:float32[batch,3,3]", "-o", str(out))
+    proc = cli("export", f"{RC}:SingularValues", "-i", "x:float32[batch,3,3]", "-o", str(out))
     assert proc.returncode == 3
     rep = load_report(out)
     assert "svd" in rep["summary"] and "not applicable" not in rep["summary"]
@@ -85,9 +87,10 @@ def test_a_missing_operator_is_the_summary_not_the_last_strategys_shrug(tmp_path
     assert _errors(rep)[0]["code"] == "unsupported-operator"
 
 
-def test_rounding_everywhere_is_named_precision_not_a_frozen_branch(tmp_path):
+def test_rounding_everywhere_is_named_precision_not_a_frozen_branch(tmp_path, cli):
     exported = tmp_path / "exp"
-    assert run_cli("export", f"{RC}:DeepMLP", "-i", "x:float32[batch,64]", "-o", str(exported)).returncode == 0
+    assert cli("export", f"{RC}:DeepMLP", "-i", "x:float32[batch,64]", "--exporter", "torchscript",
+                   "-o", str(exported)).returncode == 0
     model = onnx.load(exported / "model.onnx")
     for init in model.graph.initializer:  # weights rounded to fp16, computed in fp32: a reduced-precision kernel
         arr = numpy_helper.to_array(init)
@@ -95,7 +98,7 @@ def test_rounding_everywhere_is_named_precision_not_a_frozen_branch(tmp_path):
             init.CopyFrom(numpy_helper.from_array(arr.astype(np.float16).astype(np.float32), init.name))
     onnx.save(model, tmp_path / "rounded.onnx")
     out = tmp_path / "o"
-    proc = run_cli("compare", f"{RC}:DeepMLP", str(tmp_path / "rounded.onnx"), "-i", "x:float32[batch,64]",
+    proc = cli("compare", f"{RC}:DeepMLP", str(tmp_path / "rounded.onnx"), "-i", "x:float32[batch,64]",
                    "-o", str(out))
     assert proc.returncode == 1
     rep = load_report(out)

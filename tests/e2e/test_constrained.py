@@ -9,7 +9,7 @@ from onnxport.core.errors import UsageError
 from onnxport.core.samples import validation_cases
 from onnxport.core.spec import Dim, merge_dims, parse_dim, parse_input
 from onnxport.sources.finish import _pattern
-from tests.conftest import FIXTURES, load_report, run_cli
+from tests.conftest import FIXTURES, load_report
 
 FX = FIXTURES / "constrained.py"
 
@@ -37,9 +37,9 @@ def test_patterns_are_named_only_when_they_fit_every_probe():
     assert _pattern((64, 90, 100), (32, 70)) == ""
 
 
-def test_strict_dims_lists_the_sizes_that_run_and_writes_nothing(tmp_path):
+def test_strict_dims_lists_the_sizes_that_run_and_writes_nothing(tmp_path, cli):
     out = tmp_path / "o"
-    proc = run_cli("export", f"{FX}:Fours", "-i", "x:float32[batch,n,8]", "-d", "n=1..64", "--strict-dims",
+    proc = cli("export", f"{FX}:Fours", "-i", "x:float32[batch,n,8]", "-d", "n=1..64", "--strict-dims",
                    "-o", str(out))
     assert proc.returncode == 2
     line = proc.stderr.strip()
@@ -49,15 +49,15 @@ def test_strict_dims_lists_the_sizes_that_run_and_writes_nothing(tmp_path):
     assert not out.exists()
 
 
-def test_a_square_grid_is_named(tmp_path):
-    proc = run_cli("export", f"{FX}:Grid", "-i", "x:float32[batch,n,8]", "-d", "n=1..100", "--strict-dims",
+def test_a_square_grid_is_named(tmp_path, cli):
+    proc = cli("export", f"{FX}:Grid", "-i", "x:float32[batch,n,8]", "-d", "n=1..100", "--strict-dims",
                    "-o", str(tmp_path / "o"))
     assert proc.returncode == 2 and "runs at 1, 4, 9, 16, 25" in proc.stderr and "(perfect squares)" in proc.stderr
 
 
-def test_by_default_it_is_proven_at_the_sizes_that_run_and_the_rule_named(tmp_path):
+def test_by_default_it_is_proven_at_the_sizes_that_run_and_the_rule_named(tmp_path, cli):
     out = tmp_path / "o"
-    proc = run_cli("export", f"{FX}:Fours", "-i", "x:float32[batch,n,8]", "-d", "n=1..64", "-o", str(out))
+    proc = cli("export", f"{FX}:Fours", "-i", "x:float32[batch,n,8]", "-d", "n=1..64", "-o", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "constrained-dim" in proc.stdout + proc.stderr and "multiples of 4" in proc.stdout + proc.stderr
     rep = load_report(out)
@@ -68,18 +68,18 @@ def test_by_default_it_is_proven_at_the_sizes_that_run_and_the_rule_named(tmp_pa
                for d in rep["diagnostics"])
     assert rep["model"]["dims"]["n"]["rule"] == "multiples of 4"
     assert rep["model"]["dims"]["n"]["sizes"] == list(range(4, 65, 4))  # every multiple in range, not only probed
-    flagged = run_cli("export", f"{FX}:Fours", "-i", "x:float32[batch,n,8]", "-d", "n=1..64", "--working-sizes",
-                      "-o", str(tmp_path / "flagged"))
+    flagged = cli("export", f"{FX}:Fours", "-i", "x:float32[batch,n,8]", "-d", "n=1..64", "--working-sizes",
+                      "--exporter", "torchscript", "-o", str(tmp_path / "flagged"))
     assert flagged.returncode == 0  # the old spelling still works
-    again = run_cli("export", f"{FX}:Fours", "-i", "x:float32[batch,n,8]", "-d", "n=4,12,32",
-                    "-o", str(tmp_path / "declared"))
+    again = cli("export", f"{FX}:Fours", "-i", "x:float32[batch,n,8]", "-d", "n=4,12,32",
+                    "--exporter", "torchscript", "-o", str(tmp_path / "declared"))
     assert again.returncode == 0  # the sizes declared by hand work the same way
     assert {c["sizes"]["n"] for c in load_report(tmp_path / "declared")["validation"]["cases"]} <= {4, 12, 32}
 
 
-def test_every_constrained_dim_is_found_windows_in_h_and_w(tmp_path):
+def test_every_constrained_dim_is_found_windows_in_h_and_w(tmp_path, cli):
     out = tmp_path / "o"
-    proc = run_cli("export", f"{FX}:Windows", "-i", "x:float32[batch,3,h,w]", "-d", "h=8..64", "-d", "w=8..64",
+    proc = cli("export", f"{FX}:Windows", "-i", "x:float32[batch,3,h,w]", "-d", "h=8..64", "-d", "w=8..64",
                    "-o", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     rep = load_report(out)
@@ -88,20 +88,20 @@ def test_every_constrained_dim_is_found_windows_in_h_and_w(tmp_path):
     assert rep["status"] == "ok"
 
 
-def test_an_example_size_that_fails_is_moved_to_sizes_that_run(tmp_path):
+def test_an_example_size_that_fails_is_moved_to_sizes_that_run(tmp_path, cli):
     out = tmp_path / "o"  # h=64 and w=63 at export: the example itself fails, as a strided model's would
-    proc = run_cli("export", f"{FX}:Windows", "-i", "x:float32[batch,3,h,w]", "-d", "h=16..64", "-d", "w=16..64",
-                   "-o", str(out))
+    proc = cli("export", f"{FX}:Windows", "-i", "x:float32[batch,3,h,w]", "-d", "h=16..64", "-d", "w=16..64",
+                   "--exporter", "torchscript", "-o", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     dims = load_report(out)["model"]["dims"]
     assert dims["h"]["rule"] == dims["w"]["rule"] == "multiples of 8" and dims["w"]["export"] % 8 == 0
 
 
-def test_the_torchscript_exporter_runs_a_constrained_model_at_sizes_it_takes(tmp_path):
+def test_the_torchscript_exporter_runs_a_constrained_model_at_sizes_it_takes(tmp_path, cli):
     """The TorchScript exporter finds which output axes follow which dim by running the model at a second size:
     a constrained dim's second size is one the model runs at (it was export+1, which a strided model refuses)."""
     out = tmp_path / "o"
-    proc = run_cli("export", f"{FX}:Windows", "-i", "x:float32[batch,3,h,w]", "-d", "h=8..64", "-d", "w=8..64",
+    proc = cli("export", f"{FX}:Windows", "-i", "x:float32[batch,3,h,w]", "-d", "h=8..64", "-d", "w=8..64",
                    "--exporter", "torchscript", "-o", str(out))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rep = load_report(out)

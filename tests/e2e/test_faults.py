@@ -18,7 +18,7 @@ import pytest
 
 from onnxport.core.errors import disk_full
 from onnxport.core.outdir import LOCK_NAME, STAGE_PREFIX
-from tests.conftest import MODELS, ROOT, load_report, run_cli
+from tests.conftest import MODELS, ROOT, load_report
 
 MLP = f"{MODELS}:TinyMLP"
 X = ("-i", "x:float32[batch,8]")
@@ -41,10 +41,10 @@ def _wait_for_stage(out: Path, proc: subprocess.Popen, timeout: float = 240) -> 
 
 
 @pytest.fixture(scope="module")
-def earlier(tmp_path_factory) -> Path:
+def earlier(tmp_path_factory, cli) -> Path:
     """An output folder holding a finished, proven run."""
     out = tmp_path_factory.mktemp("faults") / "earlier"
-    assert run_cli("export", MLP, *X, "-o", str(out)).returncode == 0
+    assert cli("export", MLP, *X, "-o", str(out), "--exporter", "torchscript").returncode == 0
     return out
 
 
@@ -90,11 +90,11 @@ def test_a_signal_into_a_new_folder_leaves_no_folder(tmp_path):
     assert not out.exists()
 
 
-def test_a_second_run_into_the_same_folder_is_refused_naming_the_first(tmp_path):
+def test_a_second_run_into_the_same_folder_is_refused_naming_the_first(tmp_path, cli):
     out = tmp_path / "o"
     first = _start("export", MLP, *X, "-o", str(out))
     _wait_for_stage(out, first)
-    second = run_cli("export", MLP, *X, "-o", str(out), "--force")
+    second = cli("export", MLP, *X, "-o", str(out), "--force")
     assert second.returncode == 2
     line = second.stderr.strip()
     assert len(line.splitlines()) == 1 and "in use by another onnxport run" in line and f"pid {first.pid}" in line
@@ -131,13 +131,13 @@ def small_disk(tmp_path):
     subprocess.run(["umount", str(mount)], capture_output=True)
 
 
-def test_convert_onto_a_full_disk_says_so_and_keeps_nothing(small_disk):
+def test_convert_onto_a_full_disk_says_so_and_keeps_nothing(small_disk, cli):
     out = small_disk / "o"
     src = small_disk.parent / "wide.py"
     src.write_text("import torch\nclass Wide(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
                    "        self.a = torch.nn.Linear(8, 2048)\n        self.b = torch.nn.Linear(2048, 2048)\n"
                    "    def forward(self, x):\n        return self.b(self.a(x))\n")
-    proc = run_cli("convert", f"{src}:Wide", *X, "-o", str(out))
+    proc = cli("convert", f"{src}:Wide", *X, "-o", str(out), "--exporter", "torchscript")
     assert proc.returncode == 4, proc.stderr[-2000:]
     line = proc.stderr.strip().splitlines()[-1]
     assert "no space left" in line and "Traceback" not in proc.stderr
@@ -184,14 +184,12 @@ BAD = [
 
 
 @pytest.mark.parametrize("label,args,env,words", BAD, ids=[b[0] for b in BAD])
-def test_bad_input_is_exit_2_in_one_line_before_any_work(odd_files, tmp_path, label, args, env, words):
+def test_bad_input_is_exit_2_in_one_line_before_any_work(odd_files, tmp_path, cli, label, args, env, words):
     if label == "read-only out" and os.geteuid() == 0:
         pytest.skip("root writes into read-only folders")
     args = [a.format(d=odd_files) for a in args]
     out = [] if "-o" in args or args[0] == "check" else ["-o", str(tmp_path / "o")]
-    env_all = dict(os.environ, COLUMNS="200", ONNXPORT_DEBUG="", **env)
-    proc = subprocess.run([sys.executable, "-m", "onnxport", *args, *out], capture_output=True, text=True,
-                          timeout=300, env=env_all, cwd=ROOT)
+    proc = cli(*args, *out, env=env, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr and words in lines[0], proc.stderr
@@ -204,7 +202,7 @@ def test_a_model_thread_that_never_ends_does_not_keep_the_cli_alive(tmp_path):
 
     t0 = time.perf_counter()
     r = run_cli("export", f"{FIXTURES / 'telling.py'}:StartsAThread", "-i", "x:float32[batch,8]",
-                "-o", str(tmp_path / "o"), timeout=300)
+                "--exporter", "torchscript", "-o", str(tmp_path / "o"), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert (tmp_path / "o" / "model.onnx").exists() and (tmp_path / "o" / "report.json").exists()
     assert time.perf_counter() - t0 < 240

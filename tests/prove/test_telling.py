@@ -14,9 +14,11 @@ from onnxport.exporters.chain import export
 from onnxport.prove.compare import compare_arrays, own_tolerance
 from onnxport.prove.parity import compare
 from onnxport.prove.telling import cannot_tell, summary, telling_cases
-from tests.conftest import FIXTURES, load_report, run_cli
+from tests.conftest import FIXTURES, load_report
+from tests.fixtures import forked_cli
 
 TELLING = FIXTURES / "telling.py"
+cli = forked_cli.cli  # a fixture: commands forked from one process that did the CLI's imports once
 
 
 def test_an_output_far_below_atol_is_judged_at_its_own_scale():
@@ -55,10 +57,10 @@ def test_a_file_off_by_more_than_tiny_logits_fails(tmp_path):
     assert not compare(loaded, tmp_path / "wrong.onnx").passed
 
 
-def test_a_constant_reference_is_not_proven(tmp_path):
+def test_a_constant_reference_is_not_proven(tmp_path, cli):
     """Every logit is 0 whatever the input: any file returning zeros would pass, so nothing is proven."""
     out = tmp_path / "zero"
-    r = run_cli("export", f"{TELLING}:ZeroHead", "-i", "x:float32[batch,8]", "-o", str(out))
+    r = cli("export", f"{TELLING}:ZeroHead", "-i", "x:float32[batch,8]", "-o", str(out))
     assert r.returncode == 1, r.stdout + r.stderr
     rep = load_report(out)
     assert rep["status"] == "validation_failed" and not (out / "model.onnx").exists()
@@ -99,37 +101,37 @@ def test_empty_or_tied_detections_cannot_tell():
     assert telling_cases(mixed, cannot_tell(cases, mixed)) == [False, True, False]  # only that case proves dims
 
 
-def test_every_size_of_a_short_range_is_proven(tmp_path):
+def test_every_size_of_a_short_range_is_proven(tmp_path, cli):
     """batch 1..16: every size has a case, so a file wrong at batch 7 alone fails; the report lists the sizes."""
     out = tmp_path / "seven"
-    r = run_cli("export", f"{TELLING}:WrongAtSeven", "-i", "x:float32[batch,8]", "-d", "batch=1..16",
+    r = cli("export", f"{TELLING}:WrongAtSeven", "-i", "x:float32[batch,8]", "-d", "batch=1..16",
                 "--exporter", "torchscript", "-o", str(out))
     assert r.returncode == 1, r.stdout + r.stderr
     rep = load_report(out)
     failed = [c for c in rep["validation"]["cases"] if not c["passed"]]
     assert [c["sizes"] for c in failed] == [{"batch": 7}]
-    ok = run_cli("export", f"{FIXTURES / 'models.py'}:TinyMLP", "-i", "x:float32[batch,8]", "-d", "batch=1..16",
-                 "-o", str(tmp_path / "ok"))
+    ok = cli("export", f"{FIXTURES / 'models.py'}:TinyMLP", "-i", "x:float32[batch,8]", "-d", "batch=1..16",
+                 "--exporter", "torchscript", "-o", str(tmp_path / "ok"))
     assert ok.returncode == 0
     dims = load_report(tmp_path / "ok")["check"]["dynamic_dims"]
     assert [d["sizes_passed"] for d in dims] == [list(range(1, 17))]
 
 
-def test_samples_that_are_all_the_same_cannot_tell(tmp_path):
+def test_samples_that_are_all_the_same_cannot_tell(tmp_path, cli):
     """--samples whose every sample is the same input: PyTorch's outputs are the same for each, so the proof on
     them proves nothing (samples-cannot-tell, exit 1); samples that differ prove as before."""
     same = tmp_path / "same.npz"
     np.savez(same, x=np.tile(np.linspace(-1, 1, 8, dtype=np.float32), (6, 1)))
-    r = run_cli("export", f"{FIXTURES / 'models.py'}:TinyMLP", "-i", "x:float32[batch,8]", "--samples", str(same),
-                "-o", str(tmp_path / "same"))
+    r = cli("export", f"{FIXTURES / 'models.py'}:TinyMLP", "-i", "x:float32[batch,8]", "--samples", str(same),
+                "--exporter", "torchscript", "-o", str(tmp_path / "same"))
     assert r.returncode == 1, r.stdout + r.stderr
     rep = load_report(tmp_path / "same")
     assert "samples-cannot-tell" in {d["code"] for d in rep["diagnostics"]}
     assert rep["validation"]["samples"]["cannot_tell"] == {"output": "the same for every sample"}
     differ = tmp_path / "differ.npz"
     np.savez(differ, x=np.random.default_rng(0).standard_normal((6, 8)).astype(np.float32))
-    ok = run_cli("export", f"{FIXTURES / 'models.py'}:TinyMLP", "-i", "x:float32[batch,8]", "--samples", str(differ),
-                 "-o", str(tmp_path / "differ"))
+    ok = cli("export", f"{FIXTURES / 'models.py'}:TinyMLP", "-i", "x:float32[batch,8]", "--samples", str(differ),
+                 "--exporter", "torchscript", "-o", str(tmp_path / "differ"))
     assert ok.returncode == 0, ok.stdout + ok.stderr
 
 
