@@ -12,6 +12,7 @@ import pytest
 
 import onnxport
 from tests.conftest import FIXTURES, MODELS, load_report, run_cli
+from tests.fixtures.in_process import run_cli_here
 from tests.fixtures.samples import write_images
 
 SAMPLES = FIXTURES / "samples.py"
@@ -38,6 +39,14 @@ def data(tmp_path_factory) -> Path:
     return d
 
 
+@pytest.fixture
+def cli(capfd, monkeypatch):
+    """``onnxport ARGS`` in this process (tests/fixtures/in_process.py): these commands are about --samples, not
+    the process; the exit-1 and exit-2 answers below keep a process of their own. capfd: the terminal lines are
+    written to file descriptor 2 (core/logs.LibraryLog)."""
+    return lambda *args: run_cli_here(monkeypatch, capfd, *args)
+
+
 def _ok(proc, out: Path, count: int, kind: str) -> dict:
     assert proc.returncode == 0, proc.stderr
     rep = load_report(out)
@@ -50,37 +59,37 @@ def _ok(proc, out: Path, count: int, kind: str) -> dict:
     return s
 
 
-def test_npz_arrays(data, tmp_path):
+def test_npz_arrays(data, tmp_path, cli):
     out = tmp_path / "o"
-    s = _ok(run_cli("export", *MLP, "--samples", str(data / "x.npz"), "-o", str(out)), out, 20, "arrays")
+    s = _ok(cli("export", *MLP, "--samples", str(data / "x.npz"), "-o", str(out)), out, 20, "arrays")
     assert s["batch_size"] == 8 and s["metrics"]["task"] == "classifier" and s["metrics"]["top1_agreement"] == 1.0
     assert "and on 20 samples" in load_report(out)["summary"]
 
 
-def test_npy_for_a_single_input_through_compare(data, tmp_path):
+def test_npy_for_a_single_input_through_compare(data, tmp_path, cli):
     first = tmp_path / "first"
     assert onnxport.export(MLP[0], first, inputs=[MLP[2]], exporter="torchscript")["status"] == "ok"
     out = tmp_path / "o"
-    proc = run_cli("compare", *MLP[:3], str(first / "model.onnx"), "--samples", str(data / "x.npy"), "-o", str(out))
+    proc = cli("compare", *MLP[:3], str(first / "model.onnx"), "--samples", str(data / "x.npy"), "-o", str(out))
     _ok(proc, out, 9, "arrays")
 
 
-def test_txt_tokenized_with_a_tokenizer_folder(data, tmp_path, minilm_dir):
+def test_txt_tokenized_with_a_tokenizer_folder(data, tmp_path, minilm_dir, cli):
     out = tmp_path / "o"
-    proc = run_cli("export", *BAG, "--samples", str(data / "t.txt"), "--tokenizer", str(minilm_dir), "-o", str(out))
+    proc = cli("export", *BAG, "--samples", str(data / "t.txt"), "--tokenizer", str(minilm_dir), "-o", str(out))
     s = _ok(proc, out, 3, "text")
     assert s["tokenizer"] == str(minilm_dir) and s["max_length"] == 32 and s["pairs"] == 0
 
 
-def test_jsonl_pairs(data, tmp_path, minilm_dir):
+def test_jsonl_pairs(data, tmp_path, minilm_dir, cli):
     out = tmp_path / "o"
-    proc = run_cli("export", *BAG, "--samples", str(data / "p.jsonl"), "--tokenizer", str(minilm_dir), "-o", str(out))
+    proc = cli("export", *BAG, "--samples", str(data / "p.jsonl"), "--tokenizer", str(minilm_dir), "-o", str(out))
     assert _ok(proc, out, 2, "text")["pairs"] == 2
 
 
-def test_image_folder_with_a_preprocess_function(data, tmp_path):
+def test_image_folder_with_a_preprocess_function(data, tmp_path, cli):
     out = tmp_path / "o"
-    proc = run_cli("export", *CNN, "--samples", str(data / "imgs"), "--preprocess", f"{SAMPLES}:preprocess",
+    proc = cli("export", *CNN, "--samples", str(data / "imgs"), "--preprocess", f"{SAMPLES}:preprocess",
                    "-o", str(out))
     s = _ok(proc, out, 10, "images")
     assert s["transform"] == f"--preprocess {SAMPLES}:preprocess" and s["metrics"]["topk_agreement"] == 1.0
@@ -102,13 +111,13 @@ def test_a_sample_outside_the_tolerance_fails_the_proof_by_its_index(data, tmp_p
     assert "samples-failed" in proc.stderr and "sample 8" in proc.stderr
 
 
-def test_a_variant_that_passes_generated_inputs_and_fails_the_samples_is_rejected(data, tmp_path):
+def test_a_variant_that_passes_generated_inputs_and_fails_the_samples_is_rejected(data, tmp_path, cli):
     """fp16 of a model whose outputs pass 65504 only on the user's large inputs."""
     first = tmp_path / "first"
     loud = (f"{SAMPLES}:Loud", "-i", "x:float32[batch,4]")
     assert onnxport.export(loud[0], first, inputs=[loud[2]], exporter="torchscript")["status"] == "ok"
     out = tmp_path / "o"
-    proc = run_cli("optimize", *loud, str(first / "model.onnx"), "--variants", "fp16", "--samples",
+    proc = cli("optimize", *loud, str(first / "model.onnx"), "--variants", "fp16", "--samples",
                    str(data / "loud.npz"), "-o", str(out))
     assert proc.returncode == 0, proc.stderr
     rep = load_report(out)

@@ -23,6 +23,20 @@ def mlp():
     return load_model(f"{MODELS}:TinyMLP", inputs=["x:float32[batch,8]"])
 
 
+TEXT_INPUTS = ["input_ids:int64[batch,seq]{0..49}"]
+QUICK = {"bench_batches": (1,), "bench_seconds": 0.2}
+
+
+@pytest.fixture(scope="module")
+def text_export(tmp_path_factory):
+    """TinyText (seq=1..32) and its proven export, shared by the tests that build variants of it (each into an
+    OUT of its own)."""
+    out = tmp_path_factory.mktemp("plan_text")
+    rep = export(f"{MODELS}:TinyText", out / "m", inputs=TEXT_INPUTS, dims=["seq=1..32"])
+    assert rep["status"] == "ok"
+    return load_model(f"{MODELS}:TinyText", inputs=TEXT_INPUTS, dims=["seq=1..32"]), out / "m" / "model.onnx"
+
+
 def test_plan_for_a_plain_model_on_an_x86_cpu(mlp):
     plan = default_plan(mlp, "cpu", ["avx2", "fma"])
     assert plan.build == ("int8",)
@@ -70,7 +84,7 @@ def test_budget_stops_starting_variants(tmp_path, mlp):
     rep = export(f"{MODELS}:TinyMLP", tmp_path / "m", inputs=["x:float32[batch,8]"], exporter="torchscript")
     assert rep["status"] == "ok"
     res = optimize.variants(mlp, tmp_path / "m" / "model.onnx", tmp_path / "o",
-                            optimize.VariantOptions(names=["slim", "ort"], budget_s=1e-3))
+                            optimize.VariantOptions(names=["slim", "ort"], budget_s=1e-3, **QUICK))
     skipped = {v.name: v.skipped for v in res.variants if v.skipped}
     assert set(skipped) == {"slim", "ort"} and all("--budget" in why for why in skipped.values())
     assert res.best is not None and res.best.name == "export"
@@ -91,39 +105,33 @@ def test_nothing_to_build_skips_the_proof_and_timing(tmp_path, monkeypatch):
     assert not (tmp_path / "o" / "variants").exists()  # no empty folder left behind
 
 
-def test_the_default_plan_screens_without_the_all_max_case_and_proves_the_best_on_it(tmp_path):
+def test_the_default_plan_screens_without_the_all_max_case_and_proves_the_best_on_it(tmp_path, text_export):
     """Every variant is judged without the all-max case (each dim's maximum has a case of its own); the best is
     proven on it before it is chosen, and report.json's best says which cases judged the variants."""
     from onnxport.core.samples import validation_cases
     from onnxport.optimize.choice import screening_cases
 
-    text = load_model(f"{MODELS}:TinyText", inputs=["input_ids:int64[batch,seq]{0..49}"], dims=["seq=1..32"])
+    text, model = text_export
     judged, left = screening_cases(text, validation_cases(text.dims))
     assert [c.label for c in left] == ["max"] and "max" not in [c.label for c in judged]
     assert {"max batch only", "max seq only"} <= {c.label for c in judged}
     one_dim = load_model(f"{MODELS}:TinyMLP", inputs=["x:float32[batch,8]"])
     assert screening_cases(one_dim, validation_cases(one_dim.dims))[1] == []  # nothing to leave out
 
-    rep = export(f"{MODELS}:TinyText", tmp_path / "m", inputs=["input_ids:int64[batch,seq]{0..49}"],
-                 dims=["seq=1..32"])
-    assert rep["status"] == "ok"
-    res = optimize.variants(text, tmp_path / "m" / "model.onnx", tmp_path / "o",
+    res = optimize.variants(text, model, tmp_path / "o",
                             optimize.VariantOptions(names="auto", bench_batches=(1,), bench_seconds=0.2))
     assert res.judged_on["left_out"] == ["max"] and "max" not in res.judged_on["cases"]
-    every = optimize.variants(text, tmp_path / "m" / "model.onnx", tmp_path / "all",
+    every = optimize.variants(text, model, tmp_path / "all",
                               optimize.VariantOptions(names=["int8"], bench_batches=(1,), bench_seconds=0.2))
     assert every.judged_on["left_out"] == [] and "max" in every.judged_on["cases"]
 
 
-def test_a_best_that_fails_the_case_left_to_it_is_not_chosen(tmp_path, monkeypatch):
+def test_a_best_that_fails_the_case_left_to_it_is_not_chosen(tmp_path, monkeypatch, text_export):
     from dataclasses import replace
 
     from onnxport.optimize import choice
 
-    text = load_model(f"{MODELS}:TinyText", inputs=["input_ids:int64[batch,seq]{0..49}"], dims=["seq=1..32"])
-    rep = export(f"{MODELS}:TinyText", tmp_path / "m", inputs=["input_ids:int64[batch,seq]{0..49}"],
-                 dims=["seq=1..32"])
-    assert rep["status"] == "ok"
+    text, model = text_export
     seen = []
 
     def fails(best, path, refs, ctx):
@@ -134,7 +142,7 @@ def test_a_best_that_fails_the_case_left_to_it_is_not_chosen(tmp_path, monkeypat
     monkeypatch.setattr(choice, "choose_best",
                         lambda vs, *a, **k: next((v for v in vs if v.name == "int8" and v.passed), vs[0] if vs else None))
     monkeypatch.setattr(choice, "_left_out_failure", fails)
-    res = optimize.variants(text, tmp_path / "m" / "model.onnx", tmp_path / "o",
+    res = optimize.variants(text, model, tmp_path / "o",
                             optimize.VariantOptions(names="auto", bench_batches=(1,), bench_seconds=0.2))
     assert seen == [("int8", ["max"])]
     v = {e.name: e for e in res.variants}
