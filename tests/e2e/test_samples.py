@@ -4,15 +4,13 @@ variants judged on the samples, and every bad samples file answered in one line 
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import onnxport
-from tests.conftest import FIXTURES, MODELS, load_report, run_cli
-from tests.fixtures.in_process import run_cli_here
+from tests.conftest import FIXTURES, MODELS, load_report
 from tests.fixtures.samples import write_images
 
 SAMPLES = FIXTURES / "samples.py"
@@ -37,14 +35,6 @@ def data(tmp_path_factory) -> Path:
     np.savez(d / "big.npz", x=np.concatenate([rng.normal(size=(8, 4)), np.full((4, 4), 5000.0)]).astype(np.float32))
     np.savez(d / "loud.npz", x=np.concatenate([rng.normal(size=(6, 4)), np.full((2, 4), 5000.0)]).astype(np.float32))
     return d
-
-
-@pytest.fixture
-def cli(capfd, monkeypatch):
-    """``onnxport ARGS`` in this process (tests/fixtures/in_process.py): these commands are about --samples, not
-    the process; the exit-1 and exit-2 answers below keep a process of their own. capfd: the terminal lines are
-    written to file descriptor 2 (core/logs.LibraryLog)."""
-    return lambda *args: run_cli_here(monkeypatch, capfd, *args)
 
 
 def _ok(proc, out: Path, count: int, kind: str) -> dict:
@@ -95,10 +85,10 @@ def test_image_folder_with_a_preprocess_function(data, tmp_path, cli):
     assert s["transform"] == f"--preprocess {SAMPLES}:preprocess" and s["metrics"]["topk_agreement"] == 1.0
 
 
-def test_a_sample_outside_the_tolerance_fails_the_proof_by_its_index(data, tmp_path):
+def test_a_sample_outside_the_tolerance_fails_the_proof_by_its_index(data, tmp_path, cli):
     """The traced export kept the ordinary path; no generated case reaches the other, the user's data does."""
     out = tmp_path / "o"
-    proc = run_cli("export", f"{SAMPLES}:BigValues", "-i", "x:float32[batch,4]", "--exporter", "torchscript",
+    proc = cli("export", f"{SAMPLES}:BigValues", "-i", "x:float32[batch,4]", "--exporter", "torchscript",
                    "--samples", str(data / "big.npz"), "-o", str(out))
     assert proc.returncode == 1, proc.stderr
     rep = load_report(out)
@@ -170,17 +160,12 @@ BAD = [
 
 
 @pytest.fixture(scope="module")
-def answers(bad, minilm_dir) -> dict:
-    """Every bad case run once, three at a time (each is a separate process that fails early)."""
+def answers(bad, minilm_dir, cli) -> dict:
+    """Every bad case run once, each a process of its own that fails early (forked from one that did the CLI's
+    imports: tests/fixtures/forked_cli.py)."""
     fill = {"{d}": str(bad), "{minilm}": str(minilm_dir)}
-
-    def run(case):
-        name, args, _ = case
-        return name, run_cli("export", *[_fill(a, fill) for a in args], "-o", str(bad / f"out-{BAD.index(case)}"),
-                             timeout=120)
-
-    with ThreadPoolExecutor(3) as pool:
-        return dict(pool.map(run, BAD))
+    return {name: cli("export", *[_fill(a, fill) for a in args], "-o", str(bad / f"out-{i}"), timeout=120)
+            for i, (name, args, _) in enumerate(BAD)}
 
 
 @pytest.mark.parametrize("name,args,words", BAD, ids=[c[0] for c in BAD])
@@ -196,8 +181,8 @@ def test_bad_samples_are_answered_in_one_line_and_write_nothing(bad, minilm_dir,
     assert not out.exists()
 
 
-def test_bad_samples_leave_earlier_results_alone_even_with_force(bad):
-    proc = run_cli("export", *MLP, "--samples", str(bad / "dtype.npz"), "-o", str(bad / "prior"), "--force")
+def test_bad_samples_leave_earlier_results_alone_even_with_force(bad, cli):
+    proc = cli("export", *MLP, "--samples", str(bad / "dtype.npz"), "-o", str(bad / "prior"), "--force")
     assert proc.returncode == 2 and "dtype.npz" in proc.stderr
     assert json.loads((bad / "prior" / "report.json").read_text()) == {"marker": "earlier run"}
 
