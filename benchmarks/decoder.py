@@ -32,7 +32,7 @@ FULL = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_k
             intermediate_size=2048, vocab_size=32000, max_position_embeddings=512)
 QUICK = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
              intermediate_size=688, vocab_size=8000, max_position_embeddings=512)
-SMOKE = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+SMOKE = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=64, vocab_size=128, max_position_embeddings=512)
 BATCHES = (1, 8)
 DECODE_PROMPT = 16
@@ -143,7 +143,7 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=256)
     ap.add_argument("--out", type=Path, default=None, help="where the files go (default: a temporary folder)")
     ap.add_argument("--json", type=Path, default=None, help="write the rows here")
-    ap.add_argument("--smoke", action="store_true", help="a tiny model (hidden 32, 2 layers, vocab 128), 4 tokens, "
+    ap.add_argument("--smoke", action="store_true", help="a tiny model (hidden 32, 1 layer, vocab 128), 4 tokens, "
                     "1 repeat: runs every step once, quickly")
     args = ap.parse_args()
     if args.smoke:

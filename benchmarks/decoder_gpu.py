@@ -28,7 +28,7 @@ import torch
 
 FULL = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
             intermediate_size=2048, vocab_size=32000, max_position_embeddings=512)
-SMOKE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+SMOKE = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=128, vocab_size=128, max_position_embeddings=512)  # head size 16: GQA's least
 BATCHES = (1, 8)
 PROMPT, NEW = 32, 128

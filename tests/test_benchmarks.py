@@ -1,14 +1,27 @@
 """Every script in benchmarks/ runs in its quickest form (a tiny model, one repeat, outputs in a temporary
 folder) and exits 0 with the figures it exists to print: a benchmark that crashes fails here, not on the day
-someone needs its numbers."""
+someone needs its numbers.
+
+A smoke runs its script as ``python benchmarks/SCRIPT ARGS`` would (``runpy`` as ``__main__``, the script's folder
+first on the path, the repository as the working directory), in this process: what the script imports (torch,
+transformers, the exporter) is already imported here, so a smoke costs the script's own work, not a fresh
+interpreter's start-up. The processes the scripts start themselves (servers, ``onnxport`` runs) are real processes.
+What a script changes in the process (arguments, path, working directory, environment, torch's threads and
+random state) is put back afterwards. The claims about the process itself (no traceback without CUDA) run it
+as a subprocess."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
+import runpy
 import subprocess
 import sys
+import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,16 +30,60 @@ import torch
 from tests.conftest import MODELS, ROOT
 
 BENCHMARKS = ROOT / "benchmarks"
-TIMEOUT_S = 300  # each script; its smoke form takes seconds to half a minute on 2 cores
+TIMEOUT_S = 300  # each script run as a subprocess
+ENV = {"COLUMNS": "200", "ONNXPORT_DEBUG": ""}
 
 
-def bench(script: str, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
-    """Run ``benchmarks/SCRIPT ARGS`` with this interpreter; with ``ok``, assert exit 0 (showing its output)."""
-    proc = subprocess.run([sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True,
-                          timeout=TIMEOUT_S, cwd=ROOT, env=dict(os.environ, COLUMNS="200", ONNXPORT_DEBUG=""))
+@dataclass
+class Ran:
+    """What a script run left: its exit code and what it printed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def bench(script: str, *args: str, ok: bool = True) -> Ran:
+    """Run ``benchmarks/SCRIPT ARGS`` in this process as ``python benchmarks/SCRIPT ARGS`` would; with ``ok``,
+    assert exit 0 (showing its output)."""
+    path = BENCHMARKS / script
+    saved = (sys.argv, sys.path[:], os.getcwd(), {k: os.environ.get(k) for k in ENV}, torch.get_num_threads(),
+             torch.get_rng_state())
+    out, err = io.StringIO(), io.StringIO()
+    sys.argv, code = [str(path), *args], 0
+    sys.path.insert(0, str(BENCHMARKS))
+    os.chdir(ROOT)
+    os.environ.update(ENV)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        if not isinstance(e.code, int | None):
+            err.write(f"{e.code}\n")
+    except Exception:  # noqa: BLE001 - as the interpreter would: a traceback and exit 1
+        err.write(traceback.format_exc())
+        code = 1
+    finally:
+        sys.argv, sys.path[:] = saved[0], saved[1]
+        os.chdir(saved[2])
+        for key, value in saved[3].items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        torch.set_num_threads(saved[4])
+        torch.set_rng_state(saved[5])
+    ran = Ran(code, out.getvalue(), err.getvalue())
     if ok:
-        assert proc.returncode == 0, f"{script} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc
+        assert code == 0, f"{script} exited {code}\n{ran.stdout[-3000:]}\n{ran.stderr[-3000:]}"
+    return ran
+
+
+def bench_process(script: str, *args: str) -> subprocess.CompletedProcess:
+    """Run ``benchmarks/SCRIPT ARGS`` as its own process (for what a test says about the process itself)."""
+    return subprocess.run([sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True,
+                          timeout=TIMEOUT_S, cwd=ROOT, env=dict(os.environ, **ENV))
 
 
 def test_every_script_has_a_smoke_test():
@@ -104,13 +161,13 @@ def test_gpu_check_on_the_cpu(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the script runs the real benchmark")
 def test_gpu_check_without_cuda_says_so():
-    proc = bench("gpu_check.py")
+    proc = bench_process("gpu_check.py")
     assert "needs a CUDA GPU" in proc.stdout and "Traceback" not in proc.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the script runs the real benchmark")
 def test_gpu_without_cuda_says_so():
-    proc = bench("gpu.py")
+    proc = bench_process("gpu.py")
     assert "needs a CUDA GPU" in proc.stdout and "Traceback" not in proc.stderr
 
 
