@@ -42,9 +42,9 @@ import numpy as np
 DRAIN_TIMEOUT_S = 30.0  # `onnxport serve`'s drain timeout
 ROOT = Path(__file__).resolve().parent.parent
 # --smoke: the TextClassifier at a tiny size (token ids up to 20000, as make_requests draws them)
-SMOKE_EXPORT = [f"{ROOT}/examples/text_classifier.py:TextClassifier", "--model-args",
-                '{"vocab_size": 20000, "embed_dim": 16, "num_classes": 4, "num_layers": 1, "nhead": 2}',
-                "-i", "input_ids:int64[batch,seq]", "-d", "batch=1..8", "-d", "seq=1..16"]
+SMOKE_SOURCE = f"{ROOT}/examples/text_classifier.py:TextClassifier"
+SMOKE_OPTIONS = {"model_args": {"vocab_size": 20000, "embed_dim": 16, "num_classes": 4, "num_layers": 1, "nhead": 2},
+                 "inputs": ["input_ids:int64[batch,seq]"], "dims": ["batch=1..8", "seq=1..16"]}
 
 
 # ---------------------------------------------------------------- the model and the requests
@@ -57,11 +57,16 @@ def model_dir(given: Path | None, workdir: Path, smoke: bool = False) -> Path:
         return given
     if smoke:
         out = workdir / "tiny"
-        print(f"building {out} (onnxport export of a tiny TextClassifier) ...", flush=True)
-        proc = subprocess.run([sys.executable, "-m", "onnxport", "export", *SMOKE_EXPORT, "-o", str(out), "--force"],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            sys.exit(f"the tiny export failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        from onnxport import api
+        from onnxport.core.errors import OnnxportError
+
+        print(f"building {out} (onnxport export of a tiny TextClassifier, in this process) ...", flush=True)
+        try:
+            status = api.export(SMOKE_SOURCE, out, force=True, **SMOKE_OPTIONS)["status"]
+        except OnnxportError as e:
+            status = f"{type(e).__name__}: {e}"
+        if status != "ok":
+            sys.exit(f"the tiny export failed: {status}")
         return out
     out = workdir / "minilm"
     if not (out / "model.onnx").is_file():

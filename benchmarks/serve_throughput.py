@@ -32,17 +32,24 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 # --smoke: the TextClassifier at a tiny size (token ids up to 2000, as sample_feeds draws them)
 SMOKE_SOURCE = f"{ROOT}/examples/text_classifier.py:TextClassifier"
-SMOKE_OPTIONS = ("--model-args", '{"vocab_size": 2000, "embed_dim": 16, "num_classes": 4, "num_layers": 1, "nhead": 2}',
-                 "-i", "input_ids:int64[batch,seq]", "-d", "batch=1..32", "-d", "seq=1..16")
+SMOKE_OPTIONS = {"model_args": {"vocab_size": 2000, "embed_dim": 16, "num_classes": 4, "num_layers": 1, "nhead": 2},
+                 "inputs": ["input_ids:int64[batch,seq]"], "dims": ["batch=1..32", "seq=1..16"]}
 
 
-def export(source: str, out: Path, *options: str) -> Path:
+def export(source: str, out: Path, **options) -> Path:
+    """``onnxport export SOURCE`` into ``out`` (the API, in this process), unless ``out`` holds a model already;
+    ``options``: the API's keywords (``inputs``, ``dims``, ``model_args``)."""
     if not (out / "model.onnx").is_file():
+        from onnxport import api
+        from onnxport.core.errors import OnnxportError
+
         print(f"exporting {source} -> {out} ...", flush=True)
-        proc = subprocess.run([sys.executable, "-m", "onnxport", "export", source, *options, "-o", str(out),
-                               "--force"], capture_output=True, text=True)
-        if proc.returncode != 0:
-            sys.exit(f"onnxport export {source} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        try:
+            status = api.export(source, out, force=True, **options)["status"]
+        except OnnxportError as e:
+            status = f"{type(e).__name__}: {e}"
+        if status != "ok":
+            sys.exit(f"onnxport export {source} failed: {status}")
     return out
 
 
@@ -215,7 +222,7 @@ def main() -> None:
     if args.smoke:
         args.concurrency, args.requests, args.seq = [2], 16, 8
         with tempfile.TemporaryDirectory(prefix="onnxport-serve-bench-smoke-") as tmp:
-            run({"text_classifier (tiny)": export(SMOKE_SOURCE, Path(tmp) / "tiny", *SMOKE_OPTIONS)}, args)
+            run({"text_classifier (tiny)": export(SMOKE_SOURCE, Path(tmp) / "tiny", **SMOKE_OPTIONS)}, args)
         return
     outs = {}
     if "resnet18" in args.models:
