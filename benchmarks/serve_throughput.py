@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from _common import export_here
 
 ROOT = Path(__file__).resolve().parent.parent
 # --smoke: the TextClassifier at a tiny size (token ids up to 2000, as sample_feeds draws them)
@@ -37,19 +38,10 @@ SMOKE_OPTIONS = {"model_args": {"vocab_size": 2000, "embed_dim": 16, "num_classe
 
 
 def export(source: str, out: Path, **options) -> Path:
-    """``onnxport export SOURCE`` into ``out`` (the API, in this process), unless ``out`` holds a model already;
-    ``options``: the API's keywords (``inputs``, ``dims``, ``model_args``)."""
+    """``onnxport export SOURCE`` into ``out`` (in this process), unless ``out`` holds a model already."""
     if not (out / "model.onnx").is_file():
-        from onnxport import api
-        from onnxport.core.errors import OnnxportError
-
         print(f"exporting {source} -> {out} ...", flush=True)
-        try:
-            status = api.export(source, out, force=True, **options)["status"]
-        except OnnxportError as e:
-            status = f"{type(e).__name__}: {e}"
-        if status != "ok":
-            sys.exit(f"onnxport export {source} failed: {status}")
+        export_here(source, out, **options)
     return out
 
 
