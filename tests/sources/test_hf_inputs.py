@@ -18,6 +18,7 @@ from tests.fixtures.in_process import run_cli_here
 TINY = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
 CONV = dict(conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
             num_conv_pos_embedding_groups=2)
+WIDE = dict(CONV, conv_stride=(8, 8), conv_kernel=(8, 8))  # one second of audio in 250 frames, not 1,600
 TOWERS = dict(text_config=dict(vocab_size=99, max_position_embeddings=32, **TINY),
               vision_config=dict(image_size=32, patch_size=8, **TINY))
 
@@ -25,7 +26,7 @@ TOWERS = dict(text_config=dict(vocab_size=99, max_position_embeddings=32, **TINY
 def _models() -> dict:
     return {
         "wav2vec2-ctc": lambda: T.Wav2Vec2ForCTC(T.Wav2Vec2Config(vocab_size=32, **TINY, **CONV)),
-        "hubert-cls": lambda: T.HubertForSequenceClassification(T.HubertConfig(num_labels=3, **TINY, **CONV)),
+        "hubert-cls": lambda: T.HubertForSequenceClassification(T.HubertConfig(num_labels=3, **TINY, **WIDE)),
         "clip": lambda: T.CLIPModel(T.CLIPConfig(projection_dim=16, **TOWERS)),
         "siglip": lambda: T.SiglipModel(T.SiglipConfig(**TOWERS)),
     }

@@ -19,11 +19,13 @@ from tests.conftest import load_report
 TINY = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37)
 TEXT = dict(vocab_size=99, max_position_embeddings=64, **TINY)
 VIT = dict(image_size=32, patch_size=8, **TINY)
-AUDIO = dict(conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+# strides of 8 x 8: one second of audio (the default range's top) is 250 frames, not 1,600, for attention to run over
+AUDIO = dict(conv_dim=(16, 16), conv_stride=(8, 8), conv_kernel=(8, 8), num_conv_pos_embeddings=16,
              num_conv_pos_embedding_groups=2, **TINY)
 TOWERS = dict(text_config=TEXT, vision_config=VIT)
 EFFICIENT = dict(image_size=32, width_coefficient=0.1, depth_coefficient=0.1, hidden_dim=32)
-BACKBONE = dict(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic", out_features=["stage2"])
+BACKBONE = dict(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic", out_features=["stage2"],
+                downsample_in_first_stage=True)  # features at 1/16 of the 224 x 224 image: 196 tokens, not 784
 DETR = dict(use_timm_backbone=False, use_pretrained_backbone=False, d_model=32, encoder_layers=1, decoder_layers=1,
             encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=37, decoder_ffn_dim=37,
             num_queries=5)
