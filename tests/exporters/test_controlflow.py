@@ -16,7 +16,7 @@ from onnxport.core.spec import parse_dim, parse_input
 from onnxport.exporters import controlflow
 from onnxport.prove import branches
 from onnxport.sources import load
-from tests.conftest import FIXTURES, load_report, run_cli
+from tests.conftest import FIXTURES, load_report
 
 TRAPS = FIXTURES / "traps.py"
 CF = FIXTURES / "controlflow.py"
@@ -196,11 +196,11 @@ def test_a_loop_no_strategy_can_keep_fails_with_the_line_and_the_change(tmp_path
 
 
 @pytest.mark.slow
-def test_cli_exit_codes_for_kept_and_lost_control_flow(tmp_path):
-    ok = run_cli("export", f"{TRAPS}:ShapeBranch", "-i", "x:float32[batch,seq,4]", "-d", "seq=1..16",
-                 "-o", str(tmp_path / "a"))
+def test_cli_exit_codes_for_kept_and_lost_control_flow(tmp_path, cli):
+    ok = cli("export", f"{TRAPS}:ShapeBranch", "-i", "x:float32[batch,seq,4]", "-d", "seq=1..16",
+             "-o", str(tmp_path / "a"))
     assert ok.returncode == 0, ok.stderr
-    lost = run_cli("export", f"{CF}:ItemSteps", "-i", "x:float32[batch,4]", "-o", str(tmp_path / "b"))
+    lost = cli("export", f"{CF}:ItemSteps", "-i", "x:float32[batch,4]", "-o", str(tmp_path / "b"))
     assert lost.returncode == 1
     assert "controlflow.py:46" in lost.stdout + lost.stderr
 

@@ -15,7 +15,7 @@ from onnxport import api
 from onnxport.core.errors import UsageError
 from onnxport.exporters import custom_ops
 from onnxport.runtime.sessions import session
-from tests.conftest import FIXTURES, ROOT, load_report, run_cli
+from tests.conftest import FIXTURES, ROOT, load_report
 
 MODELS = FIXTURES / "custom_op_models.py"
 LIBRARY_MODEL = FIXTURES / "custom_op_library_model.py"
@@ -111,13 +111,13 @@ def test_standard_op_names_are_refused_for_python_implementations():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
-def test_compiled_custom_op_library_proves_the_model(tmp_path, exporter):
+def test_compiled_custom_op_library_proves_the_model(tmp_path, exporter, cli):
     """A real compiled library (onnxruntime-extensions' own .so, ``Inverse``) loaded with --custom-op-library.
 
-    Run in a subprocess: that .so is also the Python extension holding this process's Python ops."""
+    Run in a process of its own: that .so is also the Python extension holding this process's Python ops."""
     out = tmp_path / "out"
-    res = run_cli("export", f"{LIBRARY_MODEL}:InverseNet", "-i", "x:float32[batch,16]", "-d", "batch=2..8",
-                  "--exporter", exporter, "-o", str(out), "--custom-op-library", ortx.get_library_path(), "--json")
+    res = cli("export", f"{LIBRARY_MODEL}:InverseNet", "-i", "x:float32[batch,16]", "-d", "batch=2..8",
+              "--exporter", exporter, "-o", str(out), "--custom-op-library", ortx.get_library_path(), "--json")
     assert res.returncode == 0, res.stderr[-2000:]
     rep = json.loads(res.stdout)
     load_report(out)
@@ -126,17 +126,17 @@ def test_compiled_custom_op_library_proves_the_model(tmp_path, exporter):
     assert len(rep["validation"]["cases"]) >= 3 and all(c["passed"] for c in rep["validation"]["cases"])
 
 
-def test_without_the_library_the_proof_fails_with_the_reason(tmp_path):
+def test_without_the_library_the_proof_fails_with_the_reason(tmp_path, cli):
     out = tmp_path / "out"
-    res = run_cli("export", f"{LIBRARY_MODEL}:InverseNet", "-i", "x:float32[batch,16]", "-d", "batch=2..8",
-                  "--exporter", "torchscript", "-o", str(out), "--json")
+    res = cli("export", f"{LIBRARY_MODEL}:InverseNet", "-i", "x:float32[batch,16]", "-d", "batch=2..8",
+              "--exporter", "torchscript", "-o", str(out), "--json")
     assert res.returncode == 1, res.stderr[-2000:]
     rep = json.loads(res.stdout)
     diag = next(d for d in rep["diagnostics"] if d["code"] == "onnxruntime-load-failed")
     assert "ai.onnx.contrib:Inverse" in diag["message"] and "--custom-op-library" in diag["hint"]
     assert (out / "model.unverified.onnx").is_file() and not (out / "model.onnx").exists()
-    bad = run_cli("export", f"{LIBRARY_MODEL}:InverseNet", "-i", "x:float32[batch,16]", "-o", str(tmp_path / "b"),
-                  "--custom-op-library", str(tmp_path / "nope.so"))
+    bad = cli("export", f"{LIBRARY_MODEL}:InverseNet", "-i", "x:float32[batch,16]", "-o", str(tmp_path / "b"),
+              "--custom-op-library", str(tmp_path / "nope.so"))
     assert bad.returncode == 2 and "custom-op library not found" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -168,10 +168,10 @@ def test_discovery_records_argument_kinds_and_emitted_ops():
 
 
 @pytest.mark.slow
-def test_worked_example_through_the_cli(tmp_path):
+def test_worked_example_through_the_cli(tmp_path, cli):
     out = tmp_path / "out"
-    res = run_cli("export", f"{ROOT / 'examples' / 'custom_ops.py'}:CustomNet", "-i", "x:float32[batch,16]",
-                  "-d", "batch=1..32", "--exporter", "dynamo", "-o", str(out), "--json")
+    res = cli("export", f"{ROOT / 'examples' / 'custom_ops.py'}:CustomNet", "-i", "x:float32[batch,16]",
+              "-d", "batch=1..32", "--exporter", "dynamo", "-o", str(out), "--json")
     assert res.returncode == 0, res.stderr[-2000:]
     rep = json.loads(res.stdout)
     assert [o for f in rep["export"]["custom_ops"] for o in f["onnx_ops"]] == ["Gelu", "custom_domain::MyCustomOp"]
