@@ -16,12 +16,14 @@ from onnxport.core.errors import UsageError
 from onnxport.core.onnxfile import copy_model, external_data_files
 from onnxport.serve import serve_app
 from onnxport.serve.repository import triton_repository
-from tests.conftest import MODELS, load_report, run_cli
+from tests.conftest import MODELS, load_report
+from tests.fixtures import forked_cli
 from tests.serve.test_serve import post, running
 
 THRESHOLD = "4096"  # bytes: TinyMLP(32, 64) holds 9 KB of weights, its 8 KB fc1 weight goes to the .data file
 SPEC = {"inputs": ["x:float32[batch,32]"], "dims": ["batch=1..16"], "model_args": {"features": 32, "hidden": 64}}
 SOURCE = f"{MODELS}:TinyMLP"
+cli = forked_cli.cli  # a fixture: commands forked from one process that did the CLI's imports once
 
 
 def ort_outputs(path, x: np.ndarray) -> np.ndarray:
@@ -74,14 +76,14 @@ def test_every_variant_keeps_its_weights_beside_it(converted):
         assert path.stat().st_mode & 0o044 == 0o044  # readable by the serving user, not only the owner
 
 
-def test_check_by_path_reads_the_data_file(converted):
+def test_check_by_path_reads_the_data_file(converted, cli):
     out, _ = converted
     res = api.check_file(out / "model.onnx")
     assert res.ok
     assert res.to_dict()["bytes"] == sum(p.stat().st_size for p in (out / "model.onnx", out / "model.onnx.data"))
-    cli = run_cli("check", str(out / "model.onnx"), "--json")
-    assert cli.returncode == 0, cli.stderr
-    assert json.loads(cli.stdout)["parameters"] == 32 * 64 + 64 + 64 * 3 + 3
+    proc = cli("check", str(out / "model.onnx"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["parameters"] == 32 * 64 + 64 + 64 * 3 + 3
 
 
 def test_check_names_a_missing_data_file(converted, tmp_path):
@@ -137,10 +139,10 @@ def test_copy_model_copies_bytes_and_renames_the_data(converted, tmp_path):
 
 
 @pytest.mark.slow
-def test_dynamo_export_above_the_threshold_through_the_cli(tmp_path, monkeypatch):
+def test_dynamo_export_above_the_threshold_through_the_cli(tmp_path, monkeypatch, cli):
     monkeypatch.setenv("ONNXPORT_EXTERNAL_DATA_THRESHOLD", THRESHOLD)
     out = tmp_path / "out"
-    res = run_cli("convert", SOURCE, "-i", "x:float32[batch,32]", "-d", "batch=1..16", "--model-args",
+    res = cli("convert", SOURCE, "-i", "x:float32[batch,32]", "-d", "batch=1..16", "--model-args",
                   '{"features": 32, "hidden": 64}', "--exporter", "dynamo", "--variants", "slim", "--no-bench",
                   "-o", str(out), "--json")
     assert res.returncode == 0, res.stderr[-2000:]

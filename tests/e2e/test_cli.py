@@ -1,7 +1,8 @@
 """End to end through the command line: real exports, real ONNX Runtime sessions, real exit codes.
 
-The issue's must-show runs and ``--help`` start ``python -m onnxport`` from scratch (run_cli); the other commands
-run as processes forked from one that did the CLI's imports once (the ``cli`` fixture, tests/fixtures/forked_cli.py)."""
+``--help`` starts ``python -m onnxport`` from scratch (run_cli); the other commands run as processes forked from one
+that did the CLI's imports once (the ``cli`` fixture, tests/fixtures/forked_cli.py): their claims are the commands'
+results and exit statuses, not the start-up (tests/e2e/test_faults.py starts and signals real processes)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def mlp_export(tmp_path_factory, cli) -> Path:
 
 
 @pytest.mark.slow
-def test_text_classifier_export_matches_pytorch_at_listed_shapes(tmp_path):
+def test_text_classifier_export_matches_pytorch_at_listed_shapes(tmp_path, cli):
     sys.path.insert(0, str(EXAMPLE.parent))
     try:
         from text_classifier import TextClassifier
@@ -59,7 +60,7 @@ def test_text_classifier_export_matches_pytorch_at_listed_shapes(tmp_path):
     weights = tmp_path / "tc.pt"
     torch.save(model.state_dict(), weights)
     out = tmp_path / "OUT"
-    proc = run_cli("export", f"{EXAMPLE}:TextClassifier", "--model-args", TC_ARGS, "--weights", str(weights),
+    proc = cli("export", f"{EXAMPLE}:TextClassifier", "--model-args", TC_ARGS, "--weights", str(weights),
                    "-i", "input_ids:int64[batch,seq]", "-d", "batch=1..64", "-d", "seq=1..512", "-o", str(out))
     assert proc.returncode == 0, proc.stderr
     rep = load_report(out)
@@ -75,11 +76,11 @@ def test_text_classifier_export_matches_pytorch_at_listed_shapes(tmp_path):
 
 
 @pytest.mark.slow
-def test_resnet18_without_inputs_has_batch_height_width_proven(tmp_path):
+def test_resnet18_without_inputs_has_batch_height_width_proven(tmp_path, cli):
     import torchvision
 
     out = tmp_path / "OUT"
-    proc = run_cli("export", "torchvision:resnet18", "-o", str(out))
+    proc = cli("export", "torchvision:resnet18", "-o", str(out))
     assert proc.returncode == 0, proc.stderr
     rep = load_report(out)
     dims = {d["symbol"]: d for d in rep["check"]["dynamic_dims"]}
@@ -98,9 +99,9 @@ def test_resnet18_without_inputs_has_batch_height_width_proven(tmp_path):
 
 
 @pytest.mark.slow
-def test_minilm_directory_without_inputs(tmp_path, minilm_dir):
+def test_minilm_directory_without_inputs(tmp_path, minilm_dir, cli):
     out = tmp_path / "OUT"
-    proc = run_cli("export", f"hf:{minilm_dir}", "-o", str(out), "--json")
+    proc = cli("export", f"hf:{minilm_dir}", "-o", str(out), "--json")
     assert proc.returncode == 0, proc.stderr
     rep = load_report(out)
     assert json.loads(proc.stdout) == rep  # --json prints exactly the report

@@ -92,7 +92,11 @@ def test_a_signal_into_a_new_folder_leaves_no_folder(tmp_path):
 
 def test_a_second_run_into_the_same_folder_is_refused_naming_the_first(tmp_path, cli):
     out = tmp_path / "o"
-    first = _start("export", MLP, *X, "-o", str(out))
+    src = tmp_path / "slow.py"  # the first run holds the folder for seconds while using next to no CPU
+    src.write_text("import time, torch\nclass Slow(torch.nn.Linear):\n    def __init__(self):\n"
+                   "        super().__init__(8, 3)\n    def forward(self, x):\n        time.sleep(0.5)\n"
+                   "        return super().forward(x)\n")
+    first = _start("export", f"{src}:Slow", *X, "-o", str(out), "--exporter", "torchscript")
     _wait_for_stage(out, first)
     second = cli("export", MLP, *X, "-o", str(out), "--force")
     assert second.returncode == 2
