@@ -175,9 +175,9 @@ def convert(source: SourceArg, output: Output, load: LoadOptions, export: Export
                 "--no-optimize", help="skip the optimized variants", rich_help_panel=helptexts.OPTIMIZE)] = False,
             ) -> None:
     """The whole pipeline: export, check, prove, optimize, benchmark; writes OUT/."""
-    from onnxport import api
-
     options = _options(output, load=load, export=export, proof=proof, optimize=optimize, runtime=runtime)
+    from onnxport import api  # after the options are checked: a bad value is refused before torch loads
+
     _quietly(f"convert {source}", lambda progress: api.convert(
         source, output.out, options=options, bench={} if no_bench else None, optimize=not no_optimize,
         progress=progress), output.out, output.json)
@@ -190,9 +190,9 @@ def optimize(source: SourceArg, model: Annotated[Path, typer.Argument(help="the 
              output: Output, load: LoadOptions, proof: ProofOptions, optimize: OptimizeOptions,
              runtime: RuntimeOptions) -> None:
     """Build optimized variants (onnxslim, ORT offline, fusions, fp16, int8), re-prove each against PyTorch."""
-    from onnxport import api
-
     options = _options(output, load=load, proof=proof, optimize=optimize, runtime=runtime)
+    from onnxport import api  # after the options are checked: a bad value is refused before torch loads
+
     _quietly(f"optimize {model}", lambda progress: api.optimize_file(
         source, model, output.out, options=options, progress=progress), output.out, output.json)
 
@@ -206,9 +206,9 @@ def bench(source: SourceArg,
           *, output: Output, load: LoadOptions, export: ExportOptions, proof: ProofOptions, bench: BenchOptions,
           runtime: RuntimeOptions) -> None:
     """Prove, then benchmark PyTorch against ONNX Runtime (percentiles, throughput, % of GEMM peak)."""
-    from onnxport import api
-
     options = _options(output, load=load, export=export, proof=proof, bench=bench, runtime=runtime)
+    from onnxport import api  # after the options are checked: a bad value is refused before torch loads
+
     _quietly(f"bench {source}", lambda progress: api.benchmark(
         source, output.out, onnx_files=list(models or []), options=options, progress=progress),
         output.out, output.json)
@@ -220,9 +220,9 @@ def bench(source: SourceArg,
 def export(source: SourceArg, output: Output, load: LoadOptions, export: ExportOptions, proof: ProofOptions,
            runtime: RuntimeOptions) -> None:
     """Export + check + parity only; writes OUT/model.onnx and OUT/report.json."""
-    from onnxport import api
-
     options = _options(output, load=load, export=export, proof=proof, runtime=runtime)
+    from onnxport import api  # after the options are checked: a bad value is refused before torch loads
+
     _quietly(f"export {source}", lambda progress: api.export(source, output.out, options=options, progress=progress),
              output.out, output.json)
 
@@ -234,9 +234,9 @@ def compare(source: Annotated[str, typer.Argument(help="model source, e.g. model
             model: Annotated[Path, typer.Argument(help="the ONNX file to prove (from any tool)")],
             output: Output, load: LoadOptions, proof: ProofOptions, runtime: RuntimeOptions) -> None:
     """Prove an existing ONNX file against the PyTorch model; localize where they part."""
-    from onnxport import api
-
     options = _options(output, load=load, proof=proof, runtime=runtime)
+    from onnxport import api  # after the options are checked: a bad value is refused before torch loads
+
     _quietly(f"compare {source} {model}", lambda progress: api.compare_file(
         source, model, output.out, options=options, progress=progress), output.out, output.json)
 

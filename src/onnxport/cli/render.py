@@ -12,11 +12,6 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from onnxport.optimize.result import SkipReason
-
-# variants left out before building (the plan, a missing library, the budget): listed on one line, not in the table
-NOT_BUILT = frozenset({SkipReason.NOT_PLANNED.value, SkipReason.NOT_BUILT.value, SkipReason.BUDGET.value})
-
 err = Console(stderr=True, soft_wrap=True, highlight=False, markup=False,
               width=None if sys.stderr.isatty() else 120)
 
@@ -155,9 +150,18 @@ def _print_samples(s: dict | None) -> None:
         err.print(f"            [red]sample {f['index']}{escape(where)}: {escape(f['error'])}[/]", markup=True)
 
 
+def _not_built() -> frozenset[str]:
+    """The skip reasons of variants left out before building (the plan, a missing library, the budget): listed
+    on one line, not in the table. (Imported here, not at the top: the command line starts without the
+    optimize layer, whose modules import torch.)"""
+    from onnxport.optimize.result import SkipReason
+
+    return frozenset({SkipReason.NOT_PLANNED.value, SkipReason.NOT_BUILT.value, SkipReason.BUDGET.value})
+
+
 def _print_variants(rep: dict, out: Path) -> None:
     entries = rep.get("variants") or []
-    not_built = [v["name"] for v in entries if v.get("skip_reason") in NOT_BUILT]
+    not_built = [v["name"] for v in entries if v.get("skip_reason") in _not_built()] if entries else []
     shown = [v for v in entries if v["name"] not in not_built]
     if shown:
         batches = sorted({k for v in shown for k in (v.get("latency_ms") or {})}, key=int) or ["1"]

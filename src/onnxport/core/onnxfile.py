@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-
-import onnx
+from typing import TYPE_CHECKING
 
 from onnxport.core.errors import ExportFailed, UsageError
+
+if TYPE_CHECKING:
+    import onnx
 
 EXTERNAL_DATA_THRESHOLD = 2 * 1024**3
 
@@ -37,6 +39,8 @@ def state_bytes(module) -> int:
 def read_graph(path: str | Path) -> onnx.ModelProto:
     """The ONNX model at ``path`` without its external weights; a file that is missing or is no ONNX model is
     a UsageError naming it."""
+    import onnx
+
     path = Path(path)
     if path.is_dir():
         found = next((n for n in ("model.onnx", "best.onnx") if (path / n).is_file()), None)
@@ -62,6 +66,8 @@ def inline_limit() -> int:
 
 def save_model(model: onnx.ModelProto, path: Path, external: bool) -> None:
     """Save ``model``; with ``external`` the weights go to ``<name>.data`` beside it."""
+    import onnx
+
     path = Path(path)
     if external:
         onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
@@ -75,6 +81,8 @@ def save_model(model: onnx.ModelProto, path: Path, external: bool) -> None:
 
 def external_data_files(path: Path) -> list[Path]:
     """The external data files an ONNX file refers to (none for a self-contained file)."""
+    import onnx
+
     model = onnx.load(str(path), load_external_data=False)
     locations = set()
     for t in onnx.external_data_helper._get_all_tensors(model):
@@ -87,6 +95,8 @@ def external_data_files(path: Path) -> list[Path]:
 
 def _relocated(src: Path, new_loc: str) -> onnx.ModelProto:
     """``src``'s graph (weights not loaded) with every external-data reference pointing at ``new_loc``."""
+    import onnx
+
     model = onnx.load(str(src), load_external_data=False)
     for t in onnx.external_data_helper._get_all_tensors(model):
         if t.data_location == onnx.TensorProto.EXTERNAL:
@@ -99,6 +109,8 @@ def _relocated(src: Path, new_loc: str) -> onnx.ModelProto:
 def copy_model(src: Path, dst: Path) -> None:
     """Copy an ONNX file and its external data (renamed to ``<dst>.data``); the weights are copied as bytes,
     never loaded, so this works for models of any size."""
+    import onnx
+
     src, dst = Path(src), Path(dst)
     data = external_data_files(src)
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -119,6 +131,8 @@ def copy_model(src: Path, dst: Path) -> None:
 
 def move_model(src: Path, dst: Path) -> None:
     """Move an ONNX file (and its external data, renamed to ``<dst>.data``) into place atomically."""
+    import onnx
+
     src, dst = Path(src), Path(dst)
     data = external_data_files(src)
     if not data:
@@ -144,6 +158,8 @@ def remove_model(path: str | Path) -> None:
 
 def walk_nodes(graph: onnx.GraphProto):
     """Every node of ``graph``, those in If/Loop/Scan subgraphs included."""
+    import onnx
+
     for node in graph.node:
         yield node
         for attr in node.attribute:

@@ -10,6 +10,7 @@ that is not a finite number >= 0, a batch size or thread count below 1 or a budg
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -198,6 +199,8 @@ def check_load(load: LoadOptions, bench: BenchOptions | None = None) -> None:
     """The declared inputs and dims, before the model is loaded: no zero-size axis (a proof on empty tensors
     proves nothing), no dim declared with one size only (that is a fixed size: write it in --input), and the
     inputs at their largest declared sizes (and bench's largest --batch) fit in a share of this machine's memory."""
+    if isinstance(load.model_args, str):
+        parse_model_args(load.model_args)  # bad JSON is refused here, before the model is loaded
     specs = [i if isinstance(i, InputSpec) else parse_input(i) for i in load.inputs]
     dims = [d if isinstance(d, Dim) else parse_dim(d) for d in load.dims]
     for spec in specs:
@@ -224,6 +227,20 @@ def check_load(load: LoadOptions, bench: BenchOptions | None = None) -> None:
         raise UsageError(f"at their largest declared sizes the inputs alone take {need / 2**30:.1f} GiB, more than "
                          f"a quarter of this machine's memory ({limit * MEMORY_SHARE / 2**30:.1f} GiB)",
                          "declare the ranges the model really serves with --dim (or smaller sizes in --input)")
+
+
+def parse_model_args(text: str | None) -> dict[str, Any]:
+    """Parse ``--model-args`` JSON (an object of constructor keyword arguments)."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--model-args is not valid JSON: {e.msg} at column {e.colno}",
+                         """write a JSON object, e.g. '{"vocab_size": 30000}'""") from None
+    if not isinstance(value, dict):
+        raise UsageError("--model-args must be a JSON object", """write e.g. '{"num_classes": 10}'""")
+    return value
 
 
 def _bytes(spec: InputSpec, sizes: dict[str, int]) -> int:

@@ -11,13 +11,15 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from onnxport.core.errors import EnvironmentProblem, UsageError
 from onnxport.runtime.sessions import CUDA, BoundRunner, OrtOptions, session
-from onnxport.sources.base import LoadedModel
+
+if TYPE_CHECKING:  # a type only: running ONNX files needs no torch
+    from onnxport.sources.base import LoadedModel
 
 
 @dataclass(frozen=True)

@@ -2,31 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from onnxport.core.errors import UsageError
+from onnxport.core.options import parse_model_args
 from onnxport.core.spec import Dim, InputSpec
 from onnxport.sources.base import LoadedModel
 
 __all__ = ["LoadedModel", "load", "parse_model_args"]
-
-
-def parse_model_args(text: str | None) -> dict[str, Any]:
-    """Parse ``--model-args`` JSON (an object of constructor keyword arguments)."""
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"--model-args is not valid JSON: {e.msg} at column {e.colno}",
-                         """write a JSON object, e.g. '{"vocab_size": 30000}'""") from None
-    if not isinstance(value, dict):
-        raise UsageError("--model-args must be a JSON object", """write e.g. '{"num_classes": 10}'""")
-    return value
 
 
 def load(source: str, *, inputs: list[InputSpec] | None = None, dims: list[Dim] | None = None,
@@ -36,6 +20,8 @@ def load(source: str, *, inputs: list[InputSpec] | None = None, dims: list[Dim] 
 
     The torch RNG is seeded first, so a model built with random weights is the same on every run.
     """
+    import torch
+
     torch.manual_seed(seed)
     inputs = list(inputs or [])
     dims = list(dims or [])
