@@ -59,9 +59,15 @@ def test_every_commands_help_imports_no_heavy_library():
     (["convert", f"{MODELS}:TinyMLP", "-i", "x:float32[batch,8]", "--model-args", "{bad", "-o", "never"],
      "--model-args"),
     (["export", f"{MODELS}:TinyMLP", "-i", "x:float32[batch,8]", "--device", "tpu", "-o", "never"], "--device"),
-], ids=["input spec", "dim range", "model args JSON", "device"])
-def test_a_bad_argument_is_refused_before_torch_loads(args, word):
-    proc = _python("-X", "importtime", "-m", "onnxport", *args)
+    (["export", f"{MODELS}:TinyMLP", "-i", "x:float32[batch,8]", "--exporter", "nope", "-o", "never"], "exporter"),
+    (["export", f"{MODELS}:TinyMLP", "-i", "x:float32[batch,8]", "-o", "{tmp}"], "--force"),
+    (["compare", f"{MODELS}:TinyMLP", "{tmp}/missing.onnx", "-i", "x:float32[batch,8]", "-o", "never"], "not found"),
+    (["check", "{tmp}/missing.onnx"], "not found"),
+], ids=["input spec", "dim range", "model args JSON", "device", "exporter", "earlier results", "compare a missing file",
+        "check a missing file"])
+def test_a_bad_argument_is_refused_before_torch_loads(tmp_path, args, word):
+    (tmp_path / "report.json").write_text("{}")  # earlier results
+    proc = _python("-X", "importtime", "-m", "onnxport", *(a.replace("{tmp}", str(tmp_path)) for a in args))
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith("import time:")]
     assert len(lines) == 1 and lines[0].startswith("error:") and word in lines[0], lines
@@ -69,3 +75,4 @@ def test_a_bad_argument_is_refused_before_torch_loads(args, word):
     assert "onnxport" in imported
     assert "torch" not in imported, "the refusal loaded torch"
     assert not (ROOT / "never").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]

@@ -152,15 +152,24 @@ def _quietly(label: str, call, out: Path, as_json: bool) -> None:
     raise typer.Exit(STATUS_EXIT[rep["status"]])
 
 
-def _options(output: Output, **families):
-    """The run's one options record, checked before any work (a bad value is exit 2 at once)."""
-    from onnxport.core.onnxfile import external_threshold
+def _options(output: Output, onnx_files: tuple[Path, ...] = (), **families):
+    """The run's one options record, checked before any work (a bad value is exit 2 at once), then the device,
+    the ONNX files the command reads (missing: exit 2) and the output folder (a file, earlier results without
+    --force: exit 2), in the pipeline's order. On the CPU all of it before the command imports torch."""
+    from onnxport.core.onnxfile import external_threshold, onnx_file
     from onnxport.core.options import Options
+    from onnxport.core.outdir import check_out
+    from onnxport.runtime import check_device
     from onnxport.runtime.environment import forced_cpu_flags
 
     forced_cpu_flags()  # the environment variables onnxport reads, named where they are wrong
     external_threshold()
-    return Options(**families, force=output.force, command=_command_line(), log_name=LOG_NAME).checked()
+    options = Options(**families, force=output.force, command=_command_line(), log_name=LOG_NAME).checked()
+    check_device(options.runtime.device)  # --device cuda where it cannot run: exit 4, as the pipeline says first
+    for file in onnx_files:
+        onnx_file(file)
+    check_out(output.out, output.force)
+    return options
 
 
 @app.command(cls=helptexts.Command, epilog=helptexts.CONVERT, rich_help_panel=helptexts.PROVE_COMMANDS)
@@ -190,7 +199,7 @@ def optimize(source: SourceArg, model: Annotated[Path, typer.Argument(help="the 
              output: Output, load: LoadOptions, proof: ProofOptions, optimize: OptimizeOptions,
              runtime: RuntimeOptions) -> None:
     """Build optimized variants (onnxslim, ORT offline, fusions, fp16, int8), re-prove each against PyTorch."""
-    options = _options(output, load=load, proof=proof, optimize=optimize, runtime=runtime)
+    options = _options(output, (model,), load=load, proof=proof, optimize=optimize, runtime=runtime)
     from onnxport import api  # after the options are checked: a bad value is refused before torch loads
 
     _quietly(f"optimize {model}", lambda progress: api.optimize_file(
@@ -206,7 +215,7 @@ def bench(source: SourceArg,
           *, output: Output, load: LoadOptions, export: ExportOptions, proof: ProofOptions, bench: BenchOptions,
           runtime: RuntimeOptions) -> None:
     """Prove, then benchmark PyTorch against ONNX Runtime (percentiles, throughput, % of GEMM peak)."""
-    options = _options(output, load=load, export=export, proof=proof, bench=bench, runtime=runtime)
+    options = _options(output, tuple(models or ()), load=load, export=export, proof=proof, bench=bench, runtime=runtime)
     from onnxport import api  # after the options are checked: a bad value is refused before torch loads
 
     _quietly(f"bench {source}", lambda progress: api.benchmark(
@@ -234,7 +243,7 @@ def compare(source: Annotated[str, typer.Argument(help="model source, e.g. model
             model: Annotated[Path, typer.Argument(help="the ONNX file to prove (from any tool)")],
             output: Output, load: LoadOptions, proof: ProofOptions, runtime: RuntimeOptions) -> None:
     """Prove an existing ONNX file against the PyTorch model; localize where they part."""
-    options = _options(output, load=load, proof=proof, runtime=runtime)
+    options = _options(output, (model,), load=load, proof=proof, runtime=runtime)
     from onnxport import api  # after the options are checked: a bad value is refused before torch loads
 
     _quietly(f"compare {source} {model}", lambda progress: api.compare_file(
@@ -245,6 +254,9 @@ def compare(source: Annotated[str, typer.Argument(help="model source, e.g. model
 @_guard
 def check(model: Annotated[Path, typer.Argument(help="an .onnx file")], json_out: JsonOpt = False) -> None:
     """Structural checks and graph summary of an ONNX file (no PyTorch model needed)."""
+    from onnxport.core.onnxfile import onnx_file
+
+    onnx_file(model)  # a missing file is refused before torch loads
     from onnxport.api import check_file
 
     res = check_file(model)

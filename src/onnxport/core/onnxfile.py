@@ -36,11 +36,9 @@ def state_bytes(module) -> int:
     return sum(t.numel() * t.element_size() for t in module.state_dict().values())
 
 
-def read_graph(path: str | Path) -> onnx.ModelProto:
-    """The ONNX model at ``path`` without its external weights; a file that is missing or is no ONNX model is
-    a UsageError naming it."""
-    import onnx
-
+def onnx_file(path: str | Path) -> Path:
+    """``path``, a file that exists (checked before anything reads it: a folder or a missing file is a
+    UsageError naming it)."""
     path = Path(path)
     if path.is_dir():
         found = next((n for n in ("model.onnx", "best.onnx") if (path / n).is_file()), None)
@@ -48,6 +46,15 @@ def read_graph(path: str | Path) -> onnx.ModelProto:
                          f"give the file itself, e.g. {path / found}" if found else "give the path of a .onnx file")
     if not path.is_file():
         raise UsageError(f"ONNX file not found: {path}", "check the path")
+    return path
+
+
+def read_graph(path: str | Path) -> onnx.ModelProto:
+    """The ONNX model at ``path`` without its external weights; a file that is missing or is no ONNX model is
+    a UsageError naming it."""
+    import onnx
+
+    path = onnx_file(path)
     try:
         return onnx.load(str(path), load_external_data=False)
     except Exception as e:  # noqa: BLE001 - protobuf raises DecodeError, RuntimeWarning or ValueError

@@ -26,6 +26,9 @@ from onnxport.core.records import FP32, Tolerance
 from onnxport.core.spec import Dim, InputSpec, merge_dims, parse_dim, parse_input
 
 DEVICES = ("cpu", "cuda")
+PLAIN_EXPORTERS = ("dynamo", "torchscript")  # --exporter: the plain exporters (onnxport.exporters.strategies)
+CONTROL_FLOW_EXPORTERS = ("cond", "script", "scan")  # those that keep data-dependent control flow
+EXPORTER_CHOICES = ("auto", *PLAIN_EXPORTERS, *CONTROL_FLOW_EXPORTERS)
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,8 @@ class Options:
         check_tolerance(self.proof.tolerance)
         if self.runtime.device not in DEVICES:
             raise UsageError(f"unknown --device '{self.runtime.device}'", "use cpu or cuda")
+        if self.export.exporter not in EXPORTER_CHOICES:
+            raise UsageError(f"unknown exporter '{self.export.exporter}'", f"use one of {', '.join(EXPORTER_CHOICES)}")
         _at_least("--opset", self.export.opset, 1)
         _at_least("--max-length", self.export.max_length, 2)
         _at_least("--seq", self.optimize.seq, 1)

@@ -18,18 +18,16 @@ import torch
 
 from onnxport.core.diagnostics import Diagnostic, info, warning
 from onnxport.core.onnxfile import save_model
+from onnxport.core.options import CONTROL_FLOW_EXPORTERS, EXPORTER_CHOICES, PLAIN_EXPORTERS
 from onnxport.core.samples import export_sizes, make_inputs
 from onnxport.core.spec import Dim
 from onnxport.exporters import controlflow, functions, packed
 from onnxport.sources.base import LoadedModel
 
-EXPORTERS = ("dynamo", "torchscript")  # the plain exporters, tried first
-
-
-CONTROL_FLOW = ("cond", "script", "scan")  # tried by auto when the plain ones fail or freeze a branch or loop
-
-
-CHOICES = ("auto", *EXPORTERS, *CONTROL_FLOW)
+# the exporters' names live with the options that name them (an unknown --exporter is refused before torch loads)
+EXPORTERS = PLAIN_EXPORTERS  # the plain exporters, tried first
+CONTROL_FLOW = CONTROL_FLOW_EXPORTERS  # tried by auto when the plain ones fail or freeze a branch or loop
+CHOICES = EXPORTER_CHOICES
 
 
 RESIZED = "dynamo-resized"

@@ -12,7 +12,7 @@ from onnx import helper
 
 from onnxport.core.diagnostics import Diagnostic, error, info, warning
 from onnxport.core.errors import UsageError
-from onnxport.core.onnxfile import file_bytes, walk_nodes
+from onnxport.core.onnxfile import file_bytes, onnx_file, walk_nodes
 from onnxport.core.records import CheckResult, DimCheck
 from onnxport.core.spec import InputSpec
 from onnxport.runtime.feeds import input_mapping
@@ -78,13 +78,7 @@ def external_data_short(path: Path, model: onnx.ModelProto) -> str | None:
 
 def check(path: str | Path, inputs: tuple[InputSpec, ...] | None = None, dims: dict | None = None) -> CheckResult:
     """Check ``path`` structurally; with ``inputs``, verify that every declared-dynamic dim is symbolic."""
-    path = Path(path)
-    if path.is_dir():
-        found = next((n for n in ("model.onnx", "best.onnx") if (path / n).is_file()), None)
-        raise UsageError(f"{path} is a folder, not an ONNX file",
-                         f"give the file itself, e.g. {path / found}" if found else "give the path of a .onnx file")
-    if not path.is_file():
-        raise UsageError(f"ONNX file not found: {path}", "check the path")
+    path = onnx_file(path)
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # noqa: BLE001
