@@ -42,8 +42,7 @@ def onnxruntime_package() -> dict[str, str | None]:
     except ImportError:
         return {"onnxruntime": None, "onnxruntime_package": None}
     version = getattr(ort, "__version__", None)
-    owners = importlib.metadata.packages_distributions().get("onnxruntime", [])
-    dists = [d for d in ORT_DISTRIBUTIONS if d in {o.lower() for o in owners}] or list(owners)
+    dists = _ort_owners()
     matching = []
     for dist in dists:
         try:
@@ -53,6 +52,23 @@ def onnxruntime_package() -> dict[str, str | None]:
             continue
     package = (matching or dists or [None])[0]
     return {"onnxruntime": version, "onnxruntime_package": package}
+
+
+def _ort_owners() -> list[str]:
+    """The distributions that install the ``onnxruntime`` module: the known ones (:data:`ORT_DISTRIBUTIONS`,
+    in order) looked up by name, a few small files read; only when none of them is installed, every installed
+    distribution (``packages_distributions``, which reads all their file lists: a second on a large
+    environment, on every run)."""
+    known = []
+    for name in ORT_DISTRIBUTIONS:
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        top = (dist.read_text("top_level.txt") or "").split() or {f.parts[0] for f in dist.files or () if f.parts}
+        if "onnxruntime" in top:
+            known.append(name)
+    return known or list(importlib.metadata.packages_distributions().get("onnxruntime", []))
 
 
 INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")  # int8 dot-product instructions
