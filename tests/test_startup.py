@@ -63,8 +63,9 @@ def test_every_commands_help_imports_no_heavy_library():
     (["export", f"{MODELS}:TinyMLP", "-i", "x:float32[batch,8]", "-o", "{tmp}"], "--force"),
     (["compare", f"{MODELS}:TinyMLP", "{tmp}/missing.onnx", "-i", "x:float32[batch,8]", "-o", "never"], "not found"),
     (["check", "{tmp}/missing.onnx"], "not found"),
+    (["convert", "{tmp}/missing.py:Net", "-i", "x:float32[batch,8]", "-o", "never"], "model file not found"),
 ], ids=["input spec", "dim range", "model args JSON", "device", "exporter", "earlier results", "compare a missing file",
-        "check a missing file"])
+        "check a missing file", "model file missing"])
 def test_a_bad_argument_is_refused_before_torch_loads(tmp_path, args, word):
     (tmp_path / "report.json").write_text("{}")  # earlier results
     proc = _python("-X", "importtime", "-m", "onnxport", *(a.replace("{tmp}", str(tmp_path)) for a in args))

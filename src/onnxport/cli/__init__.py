@@ -152,15 +152,17 @@ def _quietly(label: str, call, out: Path, as_json: bool) -> None:
     raise typer.Exit(STATUS_EXIT[rep["status"]])
 
 
-def _options(output: Output, onnx_files: tuple[Path, ...] = (), **families):
+def _options(output: Output, source: str, onnx_files: tuple[Path, ...] = (), **families):
     """The run's one options record, checked before any work (a bad value is exit 2 at once), then the device,
-    the ONNX files the command reads (missing: exit 2) and the output folder (a file, earlier results without
-    --force: exit 2), in the pipeline's order. On the CPU all of it before the command imports torch."""
+    the ONNX files the command reads (missing: exit 2), the output folder (a file, earlier results without
+    --force: exit 2) and the file of a ``file.py:Name`` source, in the pipeline's order. On the CPU all of it
+    before the command imports torch."""
     from onnxport.core.onnxfile import external_threshold, onnx_file
     from onnxport.core.options import Options
     from onnxport.core.outdir import check_out
     from onnxport.runtime import check_device
     from onnxport.runtime.environment import forced_cpu_flags
+    from onnxport.sources import check_files
 
     forced_cpu_flags()  # the environment variables onnxport reads, named where they are wrong
     external_threshold()
@@ -169,6 +171,7 @@ def _options(output: Output, onnx_files: tuple[Path, ...] = (), **families):
     for file in onnx_files:
         onnx_file(file)
     check_out(output.out, output.force)
+    check_files(source)  # a file.py:Name whose file is missing
     return options
 
 
@@ -184,7 +187,7 @@ def convert(source: SourceArg, output: Output, load: LoadOptions, export: Export
                 "--no-optimize", help="skip the optimized variants", rich_help_panel=helptexts.OPTIMIZE)] = False,
             ) -> None:
     """The whole pipeline: export, check, prove, optimize, benchmark; writes OUT/."""
-    options = _options(output, load=load, export=export, proof=proof, optimize=optimize, runtime=runtime)
+    options = _options(output, source, load=load, export=export, proof=proof, optimize=optimize, runtime=runtime)
     from onnxport import api  # after the options are checked: a bad value is refused before torch loads
 
     _quietly(f"convert {source}", lambda progress: api.convert(
@@ -199,7 +202,7 @@ def optimize(source: SourceArg, model: Annotated[Path, typer.Argument(help="the 
              output: Output, load: LoadOptions, proof: ProofOptions, optimize: OptimizeOptions,
              runtime: RuntimeOptions) -> None:
     """Build optimized variants (onnxslim, ORT offline, fusions, fp16, int8), re-prove each against PyTorch."""
-    options = _options(output, (model,), load=load, proof=proof, optimize=optimize, runtime=runtime)
+    options = _options(output, source, (model,), load=load, proof=proof, optimize=optimize, runtime=runtime)
     from onnxport import api  # after the options are checked: a bad value is refused before torch loads
 
     _quietly(f"optimize {model}", lambda progress: api.optimize_file(
@@ -215,7 +218,8 @@ def bench(source: SourceArg,
           *, output: Output, load: LoadOptions, export: ExportOptions, proof: ProofOptions, bench: BenchOptions,
           runtime: RuntimeOptions) -> None:
     """Prove, then benchmark PyTorch against ONNX Runtime (percentiles, throughput, % of GEMM peak)."""
-    options = _options(output, tuple(models or ()), load=load, export=export, proof=proof, bench=bench, runtime=runtime)
+    options = _options(output, source, tuple(models or ()), load=load, export=export, proof=proof, bench=bench,
+                       runtime=runtime)
     from onnxport import api  # after the options are checked: a bad value is refused before torch loads
 
     _quietly(f"bench {source}", lambda progress: api.benchmark(
@@ -229,7 +233,7 @@ def bench(source: SourceArg,
 def export(source: SourceArg, output: Output, load: LoadOptions, export: ExportOptions, proof: ProofOptions,
            runtime: RuntimeOptions) -> None:
     """Export + check + parity only; writes OUT/model.onnx and OUT/report.json."""
-    options = _options(output, load=load, export=export, proof=proof, runtime=runtime)
+    options = _options(output, source, load=load, export=export, proof=proof, runtime=runtime)
     from onnxport import api  # after the options are checked: a bad value is refused before torch loads
 
     _quietly(f"export {source}", lambda progress: api.export(source, output.out, options=options, progress=progress),
@@ -243,7 +247,7 @@ def compare(source: Annotated[str, typer.Argument(help="model source, e.g. model
             model: Annotated[Path, typer.Argument(help="the ONNX file to prove (from any tool)")],
             output: Output, load: LoadOptions, proof: ProofOptions, runtime: RuntimeOptions) -> None:
     """Prove an existing ONNX file against the PyTorch model; localize where they part."""
-    options = _options(output, (model,), load=load, proof=proof, runtime=runtime)
+    options = _options(output, source, (model,), load=load, proof=proof, runtime=runtime)
     from onnxport import api  # after the options are checked: a bad value is refused before torch loads
 
     _quietly(f"compare {source} {model}", lambda progress: api.compare_file(

@@ -3,14 +3,32 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnxport.core.errors import UsageError
 from onnxport.core.options import parse_model_args
 from onnxport.core.spec import Dim, InputSpec
-from onnxport.sources.base import LoadedModel
+from onnxport.sources.paths import python_file
 
-__all__ = ["LoadedModel", "load", "parse_model_args"]
+if TYPE_CHECKING:
+    from onnxport.sources.base import LoadedModel
+
+__all__ = ["LoadedModel", "check_files", "load", "parse_model_args"]
+
+
+def __getattr__(name: str) -> Any:
+    """``LoadedModel``, imported on first use (this package imports no torch until a model is loaded)."""
+    if name == "LoadedModel":
+        from onnxport.sources.base import LoadedModel
+
+        return LoadedModel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def check_files(source: str) -> None:
+    """What can be said of ``source`` before torch is imported: the file of a ``file.py:Name`` source exists."""
+    if _is_python_source(source) and source.rsplit(":", 1)[0].endswith(".py"):
+        python_file(source.rsplit(":", 1)[0])
 
 
 def load(source: str, *, inputs: list[InputSpec] | None = None, dims: list[Dim] | None = None,

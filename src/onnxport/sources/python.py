@@ -18,6 +18,7 @@ from onnxport.core.exits import ProcessExit
 from onnxport.core.spec import Dim, InputSpec
 from onnxport.sources.base import LoadedModel, load_weights
 from onnxport.sources.finish import Finishing, ensure_module, finish
+from onnxport.sources.paths import python_file
 
 
 def load_python(source: str, inputs: list[InputSpec], dims: list[Dim], model_args: dict[str, Any],
@@ -129,9 +130,7 @@ def _signature(fn: Any) -> str:
 def import_file(path_text: str, what: str = "model file"):
     """Import a Python file as a module; every failure (missing, syntax, import, exit, raise) is a one-line
     SourceError naming ``what`` it is."""
-    path = Path(path_text)
-    if not path.is_file():
-        raise SourceError(f"{what} not found: {path}", "check the path before the ':'")
+    path = python_file(path_text, what)
     name = f"onnxport_user_{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
