@@ -77,3 +77,20 @@ def test_a_bad_argument_is_refused_before_torch_loads(tmp_path, args, word):
     assert "torch" not in imported, "the refusal loaded torch"
     assert not (ROOT / "never").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
+
+
+def test_check_of_an_onnx_file_imports_no_torch(tmp_path):
+    """``onnxport check`` needs no PyTorch model, and no torch."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), tmp_path / "m.onnx")
+    proc = _python("-X", "importtime", "-m", "onnxport", "check", str(tmp_path / "m.onnx"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert '"ok": true' in proc.stdout and "Relu" in proc.stderr
+    imported = _imported(proc.stderr)
+    assert "onnx" in imported
+    assert "torch" not in imported, "check loaded torch"

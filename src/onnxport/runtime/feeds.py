@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from onnxport.core.errors import UsageError
 from onnxport.core.spec import InputSpec
+
+if TYPE_CHECKING:
+    import torch
 
 
 def input_mapping(specs: Sequence[InputSpec], onnx_inputs: Sequence[str]) -> dict[str, str]:
@@ -40,5 +44,6 @@ class FeedMap:
         return cls(tuple(specs), input_mapping(specs, names))
 
     def __call__(self, tensors: Sequence[torch.Tensor | np.ndarray]) -> dict[str, np.ndarray]:
-        return {self.mapping[s.name]: (t.numpy() if isinstance(t, torch.Tensor) else np.asarray(t))
+        torch = sys.modules.get("torch")  # a torch tensor means torch is imported; an ONNX file alone needs none
+        return {self.mapping[s.name]: (t.numpy() if torch is not None and isinstance(t, torch.Tensor) else np.asarray(t))
                 for s, t in zip(self.specs, tensors) if s.name in self.mapping}
