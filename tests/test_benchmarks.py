@@ -13,6 +13,7 @@ as a subprocess."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import json
 import os
@@ -49,8 +50,7 @@ def bench(script: str, *args: str, ok: bool = True) -> Ran:
     """Run ``benchmarks/SCRIPT ARGS`` in this process as ``python benchmarks/SCRIPT ARGS`` would; with ``ok``,
     assert exit 0 (showing its output)."""
     path = BENCHMARKS / script
-    saved = (sys.argv, sys.path[:], os.getcwd(), {k: os.environ.get(k) for k in ENV}, torch.get_num_threads(),
-             torch.get_rng_state())
+    saved = (sys.argv, sys.path[:], os.getcwd(), dict(os.environ), torch.get_num_threads(), torch.get_rng_state())
     out, err = io.StringIO(), io.StringIO()
     sys.argv, code = [str(path), *args], 0
     sys.path.insert(0, str(BENCHMARKS))
@@ -69,13 +69,11 @@ def bench(script: str, *args: str, ok: bool = True) -> Ran:
     finally:
         sys.argv, sys.path[:] = saved[0], saved[1]
         os.chdir(saved[2])
-        for key, value in saved[3].items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        os.environ.clear()
+        os.environ.update(saved[3])
         torch.set_num_threads(saved[4])
         torch.set_rng_state(saved[5])
+        gc.collect()  # what the script left is collected within its own test (see TRITON_CLIENTS)
     ran = Ran(code, out.getvalue(), err.getvalue())
     if ok:
         assert code == 0, f"{script} exited {code}\n{ran.stdout[-3000:]}\n{ran.stderr[-3000:]}"
