@@ -1,6 +1,7 @@
 """Decoder families that need a switch for their export with the cache (docs/decoders.md, "Families"): MoE
 experts, half-precision checkpoints, multi-query attention, latent attention, dynamic rope, sliding windows; and
-the refusals of models without a key/value cache. Tiny random models, saved with save_pretrained."""
+the refusals of models without a key/value cache. Tiny random models of one layer (DeepSeek-V3 two: a dense one,
+then a MoE one), saved with save_pretrained; the cache across layers is proven in test_decoder.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import transformers
 from onnxport import decoder
 from onnxport.core.errors import ExportFailed, UsageError
 
-COMMON = dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+COMMON = dict(num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
               max_position_embeddings=256, hidden_size=32, vocab_size=128)
 
 
@@ -29,10 +30,10 @@ def _tiny(family: str):
         return t.Qwen3MoeForCausalLM(t.Qwen3MoeConfig(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                                       head_dim=8, **COMMON))
     if family == "falcon_mqa":
-        return t.FalconForCausalLM(t.FalconConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        return t.FalconForCausalLM(t.FalconConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                                   multi_query=True, vocab_size=128, alibi=False))
     if family == "falcon_alibi":
-        return t.FalconForCausalLM(t.FalconConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        return t.FalconForCausalLM(t.FalconConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                                   multi_query=True, vocab_size=128, alibi=True))
     if family == "deepseek_v3":  # multi-head latent attention (keys and values of other widths), MoE
         return t.DeepseekV3ForCausalLM(t.DeepseekV3Config(
@@ -45,7 +46,7 @@ def _tiny(family: str):
     if family == "mistral_window":
         return t.MistralForCausalLM(t.MistralConfig(sliding_window=16, **COMMON))
     if family == "mamba":
-        return t.MambaForCausalLM(t.MambaConfig(hidden_size=32, num_hidden_layers=2, vocab_size=128, state_size=8))
+        return t.MambaForCausalLM(t.MambaConfig(hidden_size=32, num_hidden_layers=1, vocab_size=128, state_size=8))
     return t.LlamaForCausalLM(t.LlamaConfig(**COMMON))
 
 
@@ -58,14 +59,19 @@ def _saved(family: str, path: Path, dtype: torch.dtype | None = None) -> Path:
 
 
 def _convert(model_dir: Path, out: Path, max_length: int, *extra: str):
-    from tests.conftest import load_report, run_cli
+    """``onnxport export hf:DIR -o OUT --max-length N`` run in-process (typer's runner): (result, report.json)."""
+    from typer.testing import CliRunner
 
-    proc = run_cli("export", f"hf:{model_dir}", "-o", str(out), "--max-length", str(max_length), *extra)
-    return proc, (load_report(out) if (out / "report.json").is_file() else None)
+    from onnxport.cli import app
+    from tests.conftest import load_report
+
+    result = CliRunner().invoke(app, ["export", f"hf:{model_dir}", "-o", str(out), "--max-length", str(max_length),
+                                      *extra])
+    return result, (load_report(out) if (out / "report.json").is_file() else None)
 
 
-def _proven(proc, rep: dict) -> dict:
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def _proven(result, rep: dict) -> dict:
+    assert result.exit_code == 0, (result.output[-3000:], result.exception)
     assert rep["status"] == "ok"
     dec = rep["decoder"]
     assert dec["proof"]["passed"] and dec["proof"]["max_abs_err"] < 1e-4

@@ -3,25 +3,11 @@ with exit 2 naming why — never silently ignored."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import torch
-import transformers
 
 from onnxport import api
 from onnxport.core.errors import UsageError
 from onnxport.core.records import Tolerance
-
-
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory) -> Path:
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(hidden_size=64, vocab_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256)
-    path = tmp_path_factory.mktemp("llama")
-    transformers.LlamaForCausalLM(config).save_pretrained(path)
-    return path
 
 
 @pytest.mark.parametrize(("family", "kw", "named"), [

@@ -20,6 +20,7 @@ from onnxport.decoder.records import CacheVariants
 from onnxport.seq2seq.feeds import encoder_inputs
 from onnxport.seq2seq.prove import reference_generate
 from tests.conftest import load_report, run_cli
+from tests.seq2seq.conftest import MAX_LENGTH as SERVED_LENGTH
 from tests.seq2seq.tiny import tiny
 
 MAX_LENGTH = 40
@@ -42,25 +43,25 @@ def _outputs(model) -> list[str]:
 
 
 @pytest.mark.slow
-def test_t5_exports_three_files_proven_by_generation_through_the_cli(t5_dir, tmp_path):
-    out = tmp_path / "out"
-    proc = run_cli("export", f"hf:{t5_dir}", "-o", str(out), "--max-length", str(MAX_LENGTH))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rep = load_report(out)
+def test_t5_exports_three_files_proven_by_generation_through_the_cli(t5_out):
+    """``onnxport export hf:DIR -o OUT --max-length 24`` in a subprocess (the session's T5 folder, conftest.py)."""
+    assert "Traceback" not in (t5_out.parent / "t5.stderr").read_text()
+    rep = load_report(t5_out)
     assert rep["status"] == "ok"
     section = rep["seq2seq"]
     assert section["passed"] and section["files"] == list(seq2seq.FILES)
-    assert section["layout"]["model_type"] == "t5" and section["layout"]["max_length"] == MAX_LENGTH
+    assert section["layout"]["model_type"] == "t5" and section["layout"]["max_length"] == SERVED_LENGTH
     cases = section["proof"]["cases"]
     assert {c["source"] for c in cases} >= {1, 7, 512} and {c["batch"] for c in cases} == {1, 3}
-    assert any(c["padded"] for c in cases) and max(c["past"] for c in cases) == MAX_LENGTH - 1
+    assert any(c["padded"] for c in cases) and max(c["past"] for c in cases) == SERVED_LENGTH - 1
     assert {c["file"] for c in cases} == {"decoder_model.onnx", "decoder_with_past_model.onnx"}
     gens = section["proof"]["generations"]
-    assert [g["steps_agreeing"] for g in gens] == [32, 32] and gens[1]["batch"] == 3
+    assert [g["steps_agreeing"] for g in gens] == [SERVED_LENGTH] * 2 and gens[1]["batch"] == 3
     assert any(d["code"] == "generation-proven" for d in rep["diagnostics"])
     # the one pipeline's stages made the report's records from the family's hooks (seq2seq/hooks.py)
     assert {"export", "check", "parity"} <= set(rep["timings"]) and rep["export"]["path"] == seq2seq.FILES[2]
     assert [c["sizes"]["past"] for c in rep["validation"]["cases"]] == [c["past"] for c in cases]
+    out = t5_out
     assert _inputs(out / "encoder_model.onnx") == {"input_ids": ["batch", "source"],
                                                    "attention_mask": ["batch", "source"]}
     assert _outputs(out / "encoder_model.onnx") == ["last_hidden_state"]
@@ -123,11 +124,11 @@ def test_families_are_proven_by_generation(family, tmp_path):
 
 
 @pytest.mark.slow
-def test_generation_that_differs_is_caught(tmp_path):
+def test_generation_that_differs_is_caught(t5_out):
     """A proof that holds the files to something else fails: the T5 files against a model with other weights."""
-    made = seq2seq.run_model(tiny("t5"), tmp_path, max_length=MAX_LENGTH, new_tokens=8)
+    layout = seq2seq.Seq2SeqLayout.from_dict(load_report(t5_out)["seq2seq"]["layout"])
     other = tiny("t5", scale=2.0)
-    proof = seq2seq.prove_seq2seq(other, made.layout, seq2seq.open_sessions(tmp_path), new_tokens=8)
+    proof = seq2seq.prove_seq2seq(other, layout, seq2seq.open_sessions(t5_out), new_tokens=8)
     assert not proof.passed and not any(c.passed for c in proof.cases)
     assert all(not g.passed for g in proof.generations)
 
