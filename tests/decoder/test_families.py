@@ -58,20 +58,19 @@ def _saved(family: str, path: Path, dtype: torch.dtype | None = None) -> Path:
     return path
 
 
-def _convert(model_dir: Path, out: Path, max_length: int, *extra: str):
-    """``onnxport export hf:DIR -o OUT --max-length N`` run in-process (typer's runner): (result, report.json)."""
-    from typer.testing import CliRunner
-
-    from onnxport.cli import app
+def _convert(monkeypatch, capsys, model_dir: Path, out: Path, max_length: int, *extra: str):
+    """``onnxport export hf:DIR -o OUT --max-length N`` through the CLI's entry point in this process (the claim is
+    the command's report, not the process): (the finished command, report.json)."""
     from tests.conftest import load_report
+    from tests.fixtures.in_process import run_cli_here
 
-    result = CliRunner().invoke(app, ["export", f"hf:{model_dir}", "-o", str(out), "--max-length", str(max_length),
-                                      *extra])
-    return result, (load_report(out) if (out / "report.json").is_file() else None)
+    done = run_cli_here(monkeypatch, capsys, "export", f"hf:{model_dir}", "-o", str(out), "--max-length",
+                        str(max_length), *extra)
+    return done, (load_report(out) if (out / "report.json").is_file() else None)
 
 
-def _proven(result, rep: dict) -> dict:
-    assert result.exit_code == 0, (result.output[-3000:], result.exception)
+def _proven(proc, rep: dict) -> dict:
+    assert proc.returncode == 0, proc.stderr[-3000:]
     assert rep["status"] == "ok"
     dec = rep["decoder"]
     assert dec["proof"]["passed"] and dec["proof"]["max_abs_err"] < 1e-4
@@ -82,10 +81,10 @@ def _proven(result, rep: dict) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe"])
-def test_moe_decoders_exported_with_batched_experts_and_proven(family, tmp_path):
+def test_moe_decoders_exported_with_batched_experts_and_proven(family, tmp_path, monkeypatch, capsys):
     """grouped_mm (transformers' default experts) has no ONNX translation: the export runs batched_mm, the proof
     compares with the model's own grouped_mm, and the model is left as it was."""
-    proc, rep = _convert(_saved(family, tmp_path / family), tmp_path / "out", 20)
+    proc, rep = _convert(monkeypatch, capsys, _saved(family, tmp_path / family), tmp_path / "out", 20)
     dec = _proven(proc, rep)
     assert dec["export"]["experts"] == "batched_mm"
     assert any(d["code"] == "decoder-experts" and "batched_mm" in d["message"] for d in rep["diagnostics"])
@@ -106,12 +105,12 @@ def test_experts_switch_is_undone_after_the_block():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_precision_checkpoint_exported_and_proven_in_float32(dtype, tmp_path):
+def test_half_precision_checkpoint_exported_and_proven_in_float32(dtype, tmp_path, monkeypatch, capsys):
     """How most checkpoints ship: the weights are upcast (exactly), the file computes in float32 and the proof
     compares with the float32 model; the report says so."""
     model_dir = _saved("llama", tmp_path / "llama", dtype)
     assert str(dtype).removeprefix("torch.") in (model_dir / "config.json").read_text()
-    proc, rep = _convert(model_dir, tmp_path / "out", 20)
+    proc, rep = _convert(monkeypatch, capsys, model_dir, tmp_path / "out", 20)
     dec = _proven(proc, rep)
     name = str(dtype).removeprefix("torch.")
     assert dec["export"]["dtype"] == "float32" and dec["export"]["source_dtype"] == name
