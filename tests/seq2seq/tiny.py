@@ -23,14 +23,14 @@ def _bart_like(transformers, cls: str, config: str, layers: int = 1, **extra):
     return getattr(transformers, cls)(cfg)
 
 
-def tiny(family: str, scale: float = 3.0):
-    """A tiny ``family`` model in eval mode, its matrices multiplied by ``scale``."""
+def tiny(family: str, scale: float = 3.0, layers: int = 2):
+    """A tiny ``family`` model in eval mode, its matrices multiplied by ``scale``; T5 with ``layers`` layers."""
     import transformers
 
     torch.manual_seed(0)
     if family == "t5":  # relative position buckets
         model = transformers.T5ForConditionalGeneration(transformers.T5Config(
-            vocab_size=128, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4,
+            vocab_size=128, d_model=64, d_kv=16, d_ff=128, num_layers=layers, num_decoder_layers=layers, num_heads=4,
             decoder_start_token_id=0, tie_word_embeddings=False))
     elif family == "bart":
         model = _bart_like(transformers, "BartForConditionalGeneration", "BartConfig")
