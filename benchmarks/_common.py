@@ -20,3 +20,31 @@ def export_here(source: str, out: Path, **options) -> Path:
     if status != "ok":
         sys.exit(f"onnxport export {source} failed: {status}")
     return out
+
+
+def write_results(path: Path, script: str, argv: list[str], record: dict) -> None:
+    """Write ``record`` as a results file: the command that made it, when, the machine (CPU model and the
+    flags that decide the kernels, cores) and the versions of what was timed, then the record's own keys."""
+    import datetime
+    import json
+    import os
+    import platform
+    from importlib import metadata
+
+    from onnxport.runtime import environment
+
+    cpu = environment.cpu()
+    versions = {}
+    for dist in ("torch", "onnxruntime", "onnx", "openvino", "transformers"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    head = {"command": " ".join(["python", f"benchmarks/{script}", *argv]),
+            "created_at": datetime.date.today().isoformat(),
+            "machine": {"cpu": cpu.get("model"), "cores": os.cpu_count(), "arch": platform.machine(),
+                        "flags": [f for f in cpu.get("flags", []) if f.startswith(("avx", "amx", "fma"))]},
+            "versions": versions}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**head, **record}, indent=2) + "\n")
+    print(f"wrote {path}")

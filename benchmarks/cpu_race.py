@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _common import write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
@@ -103,7 +104,7 @@ def race_at(loaded, backends: dict, batch: int, seq: int, seconds: float, thread
     return {n: stats(t, batch)["p50_ms"] for n, t in times.items()}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--work", default="/tmp/onnxport-cpu-race")
@@ -112,18 +113,20 @@ def main() -> int:
     ap.add_argument("--time-only", action="store_true", help="reuse WORK/<model>/variants.json; time only")
     ap.add_argument("--smoke", action="store_true",
                     help="a tiny TextClassifier, the slim variant, 1x16, 0.3 s of timing, in a temporary WORK")
-    args = ap.parse_args()
+    ap.add_argument("--json", type=Path, help="also write the table and the variants to this results file")
+    args = ap.parse_args(argv)
     if args.smoke:
         with tempfile.TemporaryDirectory(prefix="onnxport-cpu-race-smoke-") as tmp:
             args.models, args.variants, args.seconds, args.work = "textclassifier", "slim", 0.3, tmp
-            return run(args, SMOKE)
-    return run(args, MODELS)
+            return run(args, SMOKE, argv)
+    return run(args, MODELS, argv)
 
 
-def run(args: argparse.Namespace, models: dict) -> int:
+def run(args: argparse.Namespace, models: dict, argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     threads = default_threads()
     table: list[tuple[str, dict[str, float]]] = []
+    chosen_by: dict[str, dict] = {}
     for key in args.models.split(","):
         make, shapes = models[key]
         out = Path(args.work) / key
@@ -153,6 +156,8 @@ def run(args: argparse.Namespace, models: dict) -> int:
         for batch, seq in shapes:
             table.append((f"{key} {batch}x{seq}", race_at(loaded, backends, batch, seq, args.seconds, threads)))
         chosen = next((v for v in data["variants"] if v["name"] == data["best"]), {})
+        chosen_by[key] = {"best": data["best"], "chosen_by": (chosen.get("details") or {}).get("chosen_by"),
+                          "variants": [_summary(v) for v in data["variants"]]}
         print(f"[{key}] onnxport's choice (best): {data['best']} "
               f"({(chosen.get('details') or {}).get('chosen_by', 'the export')})", flush=True)
     flags = [f for f in environment.cpu()["flags"] if "avx512" in f or "amx" in f]
@@ -162,7 +167,22 @@ def run(args: argparse.Namespace, models: dict) -> int:
     print("|---" * (len(cols) + 1) + "|")
     for label, row in table:
         print(f"| {label} | " + " | ".join(f"{row[c]:.2f}" if c in row else "—" for c in cols) + " |")
+    if args.json:
+        write_results(args.json, "cpu_race.py", sys.argv[1:] if argv is None else argv,
+                      {"threads": threads, "seconds": args.seconds, "p50_ms": {label: row for label, row in table},
+                       "models": chosen_by})
     return 0
+
+
+def _summary(v: dict) -> dict:
+    """One variant of ``variants.json`` as the results file keeps it: passed, its metric, build seconds, speedup."""
+    details = v.get("details") or {}
+    sens = details.get("sensitivity") or {}
+    return {"name": v["name"], "passed": v.get("passed"), "metric": v.get("metric"),
+            "build_s": v.get("build_seconds"), "geomean_speedup": details.get("geomean_speedup"),
+            "kept_fp32": sens.get("kept", len(sens.get("kept_fp32") or [])) if sens else None,
+            "of": sens.get("of"), "search": {k: x for k, x in sens.items() if k != "kept_fp32"} or None,
+            "smooth_quant": details.get("smooth_quant"), "reason": v.get("skipped") or v.get("reason")}
 
 
 if __name__ == "__main__":

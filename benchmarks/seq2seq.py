@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
+from _common import write_results
 
 from onnxport import seq2seq
 from onnxport.bench import best_of
@@ -53,14 +56,15 @@ def speeds(run, repeats: int, batch: int) -> dict:
             "decode_tok_s": round(batch * TOKENS / max(full - first, 1e-9), 1)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--variants", action="store_true", help="build, judge and time fused and int8 too")
     parser.add_argument("--smoke", action="store_true", help="a tiny model (d_model 32, 1 + 1 layers), 1 repeat")
-    args = parser.parse_args()
+    parser.add_argument("--json", type=Path, help="also write the figures to this results file")
+    args = parser.parse_args(argv)
     if args.smoke:
         args.repeats = 1
     torch.set_num_threads(args.threads)
@@ -93,6 +97,8 @@ def main() -> None:
             onnx = rows[f"batch {batch}"]["onnx loop"]["decode_tok_s"]
             rows[f"batch {batch}"]["x generate"] = round(onnx / eager, 2)
     print(json.dumps(rows, indent=2))
+    if args.json:
+        write_results(args.json, "seq2seq.py", sys.argv[1:] if argv is None else argv, rows)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import sys
 import tempfile
 import threading
 import time
@@ -18,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import onnx
+from _common import write_results
 from onnx import TensorProto, helper
 
 from onnxport.serve import listen, protocol, serve_app
@@ -78,11 +80,12 @@ def worst_health_ms(address: str, body: bytes, bodies: int) -> tuple[float, floa
     return worst, took
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mb", type=float, default=48.0, help="size of each JSON body (MB)")
     ap.add_argument("--bodies", type=int, default=3, help="bodies posted at once")
-    args = ap.parse_args()
+    ap.add_argument("--json", type=Path, help="also write the figures to this results file")
+    args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         app = serve_app(relu_model(Path(tmp) / "relu.onnx"), max_batch=1, max_delay_ms=1,
                         max_body_bytes=int((args.mb + 1) * 2**20))
@@ -110,6 +113,11 @@ def main() -> None:
               f"answers {results['json'][1] / max(results['orjson'][1], 1e-3):.1f}x")
         server.stop()
         thread.join(30)
+    if args.json:
+        write_results(args.json, "serve_json.py", sys.argv[1:] if argv is None else argv,
+                      {"body_mb": round(len(body) / 2**20, 1), "bodies": args.bodies,
+                       "parsers": {k: {"worst_health_ms": round(v[0], 1), "answered_s": round(v[1], 2)}
+                                   for k, v in results.items()}})
 
 
 if __name__ == "__main__":

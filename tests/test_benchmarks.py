@@ -128,11 +128,16 @@ def test_optimize_speedup():
     assert rows[:2] == ["pytorch-eager", "export"] and "<- best" in proc.stdout
 
 
-def test_cpu_race():
-    proc = bench("cpu_race.py", "--smoke")
+def test_cpu_race(tmp_path):
+    out = tmp_path / "race.json"
+    proc = bench("cpu_race.py", "--smoke", "--json", str(out))
     header = next(line for line in proc.stdout.splitlines() if line.startswith("| shape |"))
     assert "| pytorch-eager | ort-export |" in header and "openvino-default" in header
     assert re.search(r"^\| textclassifier 1x16 \|( [\d.]+ \|)+$", proc.stdout, re.M)
+    data = json.loads(out.read_text())
+    assert data["command"].endswith("--json " + str(out)) and data["machine"]["cores"] >= 1
+    assert data["p50_ms"]["textclassifier 1x16"]["pytorch-eager"] > 0
+    assert [v["name"] for v in data["models"]["textclassifier"]["variants"]] == ["export", "slim"]
     assert "[textclassifier] onnxport's choice (best): " in proc.stdout
 
 
@@ -207,9 +212,11 @@ def test_decoder_gpu(tmp_path):
 
 
 @pytest.mark.slow
-def test_seq2seq():
-    proc = bench("seq2seq.py", "--smoke")
-    rows = json.loads(proc.stdout[proc.stdout.index("{"):])
+def test_seq2seq(tmp_path):
+    out = tmp_path / "s2s.json"
+    proc = bench("seq2seq.py", "--smoke", "--json", str(out))
+    rows = json.loads(proc.stdout[proc.stdout.index("{"):proc.stdout.rindex("}") + 1])
+    assert json.loads(out.read_text())["batch 1"] == rows["batch 1"]
     assert rows["proven"] is True and rows["tokens"] == 32
     for batch in ("batch 1", "batch 8"):
         assert rows[batch]["onnx loop"]["decode_tok_s"] > 0 and rows[batch]["pytorch generate()"]["decode_tok_s"] > 0
@@ -252,8 +259,12 @@ def test_yes_rate(tmp_path):
     assert row["onnxport"]["check"]["ok"] is True
 
 
-def test_serve_json():
-    proc = bench("serve_json.py", "--mb", "1", "--bodies", "2")
+def test_serve_json(tmp_path):
+    out = tmp_path / "sj.json"
+    proc = bench("serve_json.py", "--mb", "1", "--bodies", "2", "--json", str(out))
+    data = json.loads(out.read_text())
+    assert data["bodies"] == 2 and set(data["parsers"]) == {"orjson", "json"}
+    assert all(p["answered_s"] > 0 for p in data["parsers"].values())
     assert re.search(r"^ orjson: worst health latency +[\d.]+ ms", proc.stdout, re.M)
     assert re.search(r"^ratio json / orjson: health [\d.]+x, answers [\d.]+x$", proc.stdout, re.M)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -27,7 +28,7 @@ def _script(name: str):
 def test_the_site_builds_strictly(tmp_path):
     pytest.importorskip("mkdocs")
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1", PYTHONPATH=str(ROOT / "src"))
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     cli = (tmp_path / "site" / "cli" / "index.html").read_text()
@@ -36,6 +37,23 @@ def test_the_site_builds_strictly(tmp_path):
     assert "--max-delay-ms" in cli and "Source and inputs" in cli
     api = (tmp_path / "site" / "api" / "index.html").read_text()
     assert "compare_file" in api and "optimize_file" in api  # from the docstrings of onnxport.api
+
+
+def test_a_broken_link_fails_the_build(tmp_path):
+    """The strict build can fail: the same site with one link to a page that does not exist is refused (a quiet
+    build, ``-q``, would hide the warning that strict mode counts)."""
+    pytest.importorskip("mkdocs")
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    for extra in ("scripts",):
+        if (ROOT / extra).is_dir():
+            shutil.copytree(ROOT / extra, tmp_path / extra)
+    page = tmp_path / "docs" / "index.md"
+    page.write_text(page.read_text() + "\n[gone](no-such-page.md)\n")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", PYTHONPATH=str(ROOT / "src"))
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert proc.returncode != 0 and "no-such-page.md" in proc.stdout + proc.stderr
 
 
 def test_strict_mode_is_on_and_links_are_checked():
