@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from _common import write_results
 
 from onnxport import decoder
 from onnxport.bench import best_of
@@ -166,8 +168,9 @@ def main() -> None:
     table(rows)
     summary = verdict(rows, made)
     if args.json:
-        args.json.write_text(json.dumps({"params": params, "threads": args.threads, "rows": rows,
-                                         "variants": made.to_dict(), **summary}, indent=1, default=str))
+        write_results(args.json, "decoder.py", sys.argv[1:],
+                      json.loads(json.dumps({"params": params, "threads": args.threads, "rows": rows,
+                                             "variants": made.to_dict(), **summary}, default=str)))
 
 
 if __name__ == "__main__":

@@ -195,6 +195,7 @@ def test_decoder(tmp_path):
     data = json.loads(out.read_text())
     rows = {r["name"]: r for r in data["rows"]}
     assert {"eager loop", "eager generate", "export"} <= set(rows) and rows["export"]["passed"]
+    assert data["command"].endswith("--json " + str(out)) and data["machine"]["cores"] >= 1
     assert all(r["tok_s_b1"] > 0 and r["tok_s_b8"] > 0 for r in rows.values() if "tok_s_b1" in r)
     assert data["best"] and data["export_vs_eager"] > 0
 
