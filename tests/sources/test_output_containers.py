@@ -172,14 +172,14 @@ def test_declared_dims_win_over_the_sample_size(tmp_path):
 # --------------------------------------------------------------------------- diffusers itself
 
 
-UNET_SOURCE = "tests/fixtures/tiny_diffusers.py:unet"
+UNET_SOURCE = "tests/fixtures/diffusers_models.py:unet"
 
 
 @pytest.mark.slow
 def test_diffusers_unet_given_directly_loads_fast():
     """UNet2DConditionModel returns a UNet2DConditionOutput (a BaseOutput: no keys); it loads at its latent
     size in seconds, where the photo defaults (h, w at 224) cost minutes per forward pass."""
-    from tests.fixtures import tiny_diffusers as dm
+    from tests.fixtures import diffusers_models as dm
 
     lm = load_model(UNET_SOURCE, inputs=dm.UNET_INPUTS)
     assert lm.output_names == ("sample_out",)
@@ -212,7 +212,7 @@ def test_diffusers_unet_exports_and_is_proven(tmp_path):
     """The whole UNet, given as it is: exported, proven at its latent sizes, in a few minutes on 2 cores. The
     batch is held under 64 (diffusers' upsampler branches on a batch of 64; branches on sizes kept as If are
     tests/exporters/test_controlflow.py's claim), so the plain export is the one proven."""
-    from tests.fixtures import tiny_diffusers as dm
+    from tests.fixtures import diffusers_models as dm
 
     report = _proven_within(UNET_SOURCE, dm.UNET_INPUTS, tmp_path, 180, dims=["batch=1..8"])
     assert [o["name"] for o in report["export"]["outputs"]] == ["sample_out"]
@@ -226,9 +226,9 @@ def test_diffusers_unet_exports_and_is_proven(tmp_path):
 def test_diffusers_vae_decoder_exports_and_is_proven(tmp_path):
     """The decode path returns a DecoderOutput (a BaseOutput: no keys); exported and proven at its latent sizes,
     the batch held under diffusers' upsampler branch at 64 as for the UNet."""
-    from tests.fixtures import tiny_diffusers as dm
+    from tests.fixtures import diffusers_models as dm
 
-    _proven_within("tests/fixtures/tiny_diffusers.py:Decoder", dm.DECODER_INPUTS, tmp_path, 180, dims=["batch=1..8"])
+    _proven_within("tests/fixtures/diffusers_models.py:Decoder", dm.DECODER_INPUTS, tmp_path, 180, dims=["batch=1..8"])
 
 
 def test_an_output_named_like_an_input_is_renamed():
