@@ -98,6 +98,30 @@ def test_resnet18_without_inputs_has_batch_height_width_proven(tmp_path, cli):
         np.testing.assert_allclose(got, ref, atol=1e-4, rtol=1e-3)
 
 
+def test_a_two_image_model_without_inputs_is_exported_with_both_and_proven(tmp_path, cli):
+    """forward(image1, image2) (optical flow, stereo): one input per image, each guessed from the first
+    convolution, proven at other sizes of both, and the file computes what the model does."""
+    from tests.fixtures.models import TwoImages
+
+    out = tmp_path / "OUT"
+    proc = cli("export", f"{MODELS}:TwoImages", "-o", str(out), "-d", "batch=1..4", "-d", "height=8..64",
+               "-d", "width=8..64")
+    assert proc.returncode == 0, proc.stderr
+    rep = load_report(out)
+    assert [i["name"] for i in rep["export"]["inputs"]] == ["image1", "image2"]
+    assert all(d["proven"] for d in rep["check"]["dynamic_dims"])
+    assert "inputs-guessed" in proc.stderr
+    torch.manual_seed(0)
+    model = TwoImages().eval()
+    sess = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    a, b = torch.randn(3, 3, 40, 24), torch.randn(3, 3, 40, 24)
+    with torch.inference_mode():
+        ref = model(a, b).numpy()
+    np.testing.assert_allclose(sess.run(None, {"image1": a.numpy(), "image2": b.numpy()})[0], ref,
+                               atol=1e-5, rtol=1e-4)
+    assert not np.allclose(sess.run(None, {"image1": b.numpy(), "image2": a.numpy()})[0], ref, atol=1e-3)
+
+
 @pytest.mark.slow
 def test_minilm_directory_without_inputs(tmp_path, minilm_dir, cli):
     out = tmp_path / "OUT"

@@ -330,6 +330,39 @@ def test_model_without_input(source, monkeypatch):
     assert "needs --input" in e.message and "-i" in e.hint
 
 
+@pytest.mark.parametrize("name, shapes, sides", [
+    ("TinyConv", ["x:float32[batch,3,height,width]"], (32, 512)),
+    ("TwoImages", ["image1:float32[batch,3,height,width]", "image2:float32[batch,3,height,width]"], (32, 512)),
+    ("TinyClip", ["clip:float32[batch,3,frames,height,width]"], (32, 160)),
+])
+def test_images_guessed_from_the_first_convolution(name, shapes, sides):
+    lm = load_model(_src(MODELS, name))
+    assert [str(s) for s in lm.inputs] == shapes
+    (note,) = [d for d in lm.diagnostics if d.code == "inputs-guessed"]
+    assert "first convolution" in note.message and "--input" in note.hint
+    assert (lm.dims["height"].min, lm.dims["height"].max) == sides
+
+
+def test_a_guess_that_does_not_fit_says_so_and_asks_for_input(tmp_path):
+    path = tmp_path / "gray.py"
+    path.write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+
+        class Flat(nn.Module):  # a conv model fed a flat vector it reshapes itself: the image guess fails
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv2d(1, 2, 3)
+
+            def forward(self, x):
+                return self.conv(x.reshape(-1, 1, 28, 28))
+    """))
+    with pytest.raises(UsageError) as ei:
+        load_model(f"{path}:Flat")
+    e = _usage(ei)
+    assert "needs --input" in e.message and "guessed from its first convolution" in e.message and "-i" in e.hint
+
+
 def test_model_that_fails_on_its_example_inputs():
     with pytest.raises(UsageError) as ei:
         load_model(_src(MODELS, "TinyMLP"), inputs=["x:float32[batch,5]"])

@@ -13,10 +13,11 @@ from typing import Any
 
 from torch import nn
 
-from onnxport.core.errors import SourceError, UsageError
+from onnxport.core.diagnostics import Diagnostic, info
+from onnxport.core.errors import ConstrainedDims, SourceError, UsageError
 from onnxport.core.exits import ProcessExit
 from onnxport.core.spec import Dim, InputSpec
-from onnxport.sources.base import LoadedModel, load_weights
+from onnxport.sources.base import LoadedModel, forward_parameters, load_weights
 from onnxport.sources.finish import Finishing, ensure_module, finish
 from onnxport.sources.paths import python_file
 
@@ -54,8 +55,46 @@ def load_python(source: str, inputs: list[InputSpec], dims: list[Dim], model_arg
     model = ensure_module(model, f"{left}:{attr}")
     if weights:
         load_weights(model, weights)
-    return finish(source, attr, "python", model, inputs, dims,
-                  Finishing(defaults=spatial_defaults(model, inputs), built_here=inspect.isclass(target)))
+    guess = None if inputs else guessed_inputs(model)
+    if guess is None:
+        return finish(source, attr, "python", model, inputs, dims,
+                      Finishing(defaults=spatial_defaults(model, inputs), built_here=inspect.isclass(target)))
+    specs, defaults, note = guess
+    try:
+        return finish(source, attr, "python", model, specs, dims,
+                      Finishing(defaults=defaults, diagnostics=(note,), built_here=inspect.isclass(target)))
+    except ConstrainedDims:
+        raise  # the guess runs at some sizes only: loaded again at those
+    except (UsageError, SourceError) as e:
+        told = ", ".join(str(s) for s in specs)
+        raise UsageError(f"{source} needs --input: the input guessed from its first convolution ({told}) "
+                         f"does not fit it: {e.message}",
+                         "describe each forward() input, e.g. -i 'x:float32[batch,3,height,width]' "
+                         "-d batch=1..16") from None
+
+
+def guessed_inputs(model: nn.Module) -> tuple[list[InputSpec], dict[str, Dim], Diagnostic] | None:
+    """Images (or clips) for a model whose forward takes one tensor, or several each named as an image
+    (``image1, image2``: optical flow, stereo), and whose first convolution is 2-D (3-D): each
+    ``[batch, C, height, width]`` (``[batch, C, frames, height, width]``) with C its input channels, at a
+    photo's sizes; None otherwise."""
+    from onnxport.sources.vision import IMAGE_DIMS, IMAGE_PARAMS, VIDEO_DIMS
+
+    params = forward_parameters(model)
+    names = [p.name for p in params or () if p.default is p.empty
+             and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if not names or len(names) > 1 and not all(n.startswith(IMAGE_PARAMS) for n in names):
+        return None
+    conv = next((m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Conv3d))), None)
+    if conv is None or conv.in_channels < 1:
+        return None
+    clip = isinstance(conv, nn.Conv3d)
+    shape = ("batch", conv.in_channels, *(("frames",) if clip else ()), "height", "width")
+    specs = [InputSpec(n, "float32", shape) for n in names]
+    note = info("inputs-guessed", f"no --input: {', '.join(map(str, specs))}, from forward's parameters and the "
+                f"model's first convolution ({type(conv).__name__} with {conv.in_channels} input channels)",
+                hint="pass --input (and --dim) to describe the inputs otherwise")
+    return specs, dict(VIDEO_DIMS if clip else IMAGE_DIMS), note
 
 
 # --------------------------------------------------------------------------- default sizes
