@@ -1,6 +1,7 @@
 """Every model a vision library ships, by name through the CLI with random weights and nothing downloaded:
-``onnxport export torchvision:NAME`` (every model of ``torchvision.models.list_models()``) or ``timm:NAME`` (one
-model per timm architecture module, its smallest variant) with no ``--input``, one at a time under a time and a
+``onnxport export torchvision:NAME`` (every model of ``torchvision.models.list_models()``), ``timm:NAME`` (one
+model per timm architecture module, its smallest variant) or a third-party library's model handed over as a Python
+factory (``thirdparty_models.py``: ultralytics YOLO, segmentation_models_pytorch) with no ``--input``, one at a time under a time and a
 memory limit. Writes, per model, proven or the one-line reason, the exporter that won, the seconds and the
 parameters, rewriting the results file after each model (a sweep cut short leaves an honest partial file);
 models over ``--max-params`` (too large for a sweep on 2 cores) are listed as such, not exported.
@@ -8,6 +9,7 @@ models over ``--max-params`` (too large for a sweep on 2 cores) are listed as su
     .venv/bin/python benchmarks/catalogue.py                         # every torchvision model
     .venv/bin/python benchmarks/catalogue.py --library timm --timeout 180
     .venv/bin/python benchmarks/catalogue.py --only r3d_18 --only maxvit_t --timeout 300
+    .venv/bin/python benchmarks/catalogue.py --library thirdparty    # needs ultralytics, segmentation-models-pytorch
 """
 
 from __future__ import annotations
@@ -79,8 +81,32 @@ def timm_names() -> list[str]:
             if (names := timm.list_models(module=module))]
 
 
+def thirdparty_names() -> list[str]:
+    sys.path.insert(0, str(HERE))
+    from thirdparty_models import MODELS
+
+    return list(MODELS)
+
+
+def thirdparty_parameters(name: str) -> int | None:
+    """The parameter count of the third-party model built here (None if its library is missing or it fails)."""
+    sys.path.insert(0, str(HERE))
+    from thirdparty_models import MODELS
+
+    try:
+        return sum(p.numel() for p in MODELS[name]().parameters())
+    except Exception:  # noqa: BLE001 - the export will say why
+        return None
+
+
 LIBRARIES = {"torchvision": (torchvision_names, torchvision_parameters),
-             "timm": (timm_names, meta_parameters)}
+             "timm": (timm_names, meta_parameters),
+             "thirdparty": (thirdparty_names, thirdparty_parameters)}
+
+
+def source(library: str, name: str) -> str:
+    """What ``onnxport export`` is given: LIBRARY:NAME, or the third-party factory in thirdparty_models.py."""
+    return f"{HERE / 'thirdparty_models.py'}:{name}" if library == "thirdparty" else f"{library}:{name}"
 
 
 def _run(cmd: list[str], timeout: float, max_rss: int) -> tuple[int | None, str, str, float]:
@@ -124,7 +150,7 @@ def one(library: str, name: str, work: Path, timeout: float, max_params: int, ma
     if count is not None and count > max_params:
         return {**row, "outcome": "too large", "line": f"{count:,} parameters, over {max_params:,} for a sweep"}
     out = work / f"out-{name}"
-    cmd = [sys.executable, "-m", "onnxport", "export", f"{library}:{name}", "-o", str(out), "--force"]
+    cmd = [sys.executable, "-m", "onnxport", "export", source(library, name), "-o", str(out), "--force"]
     t = time.perf_counter()
     code, said, why, cpu = _run(cmd, timeout, max_rss)
     row.update(seconds=round(time.perf_counter() - t, 1), cpu_seconds=round(cpu, 1))

@@ -167,3 +167,21 @@ def test_outputs_only_named_like_detections_are_compared_element_by_element():
     assert cmp.detection_shaped({**group, "labels": "out_labels"}, {"out_boxes": REF["boxes"],
                                                                     "out_scores": REF["scores"],
                                                                     "out_labels": REF["labels"]})
+
+
+def test_a_large_output_compared_in_blocks_gives_the_same_answer(monkeypatch):
+    """Blocks of rows along the first axis: the same worst errors and verdict as one pass, scale sliced with them."""
+    from onnxport.core.records import Tolerance
+    from onnxport.prove import compare
+
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((7, 3, 10, 10)).astype(np.float32)
+    got = ref + rng.standard_normal(ref.shape).astype(np.float32) * 1e-6
+    got[5, 1, 2, 3] += 0.5  # one bad element in a late block
+    tol = Tolerance(atol=1e-4, rtol=1e-3)
+    scale = compare.magnitudes(ref)
+    whole = compare.compare_arrays(ref, got, tol, scale)
+    monkeypatch.setattr(compare, "COMPARE_BLOCK", 300)  # two rows per block
+    assert compare.compare_arrays(ref, got, tol, scale) == whole and whole[2] is False
+    got[5, 1, 2, 3] = ref[5, 1, 2, 3]
+    assert compare.compare_arrays(ref, got, tol, scale)[2] and compare.compare_arrays(ref, got, tol)[2]

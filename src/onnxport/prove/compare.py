@@ -125,15 +125,34 @@ def resolve(loaded: LoadedModel, declared: dict[str, str] | None = None) -> Load
 # --------------------------------------------------------------------------- elementwise
 
 
+COMPARE_BLOCK = 1 << 22  # elements compared at once: float64 copies of a 16 x 21 x 512 x 512 output take gigabytes
+
+
 def compare_arrays(ref: np.ndarray, got: np.ndarray, tol: Tolerance, scale: np.ndarray | float | None = None
                    ) -> tuple[float, float, bool]:
     """(max abs error, max relative error, passed) of ``got`` against the reference ``ref``.
 
     With ``scale`` (the output's magnitude, broadcastable to ``ref``: :func:`magnitudes`), the relative part of the
     bound is taken of ``max(|ref|, scale)`` instead of ``|ref|``: an element near zero in an output of magnitude 5
-    is allowed the rounding error of the magnitude-5 arithmetic that made it."""
+    is allowed the rounding error of the magnitude-5 arithmetic that made it. A large output is compared in blocks
+    of rows along its first axis (the same result, a bounded number of float64 copies)."""
     if ref.shape != got.shape:
         return float("inf"), float("inf"), False
+    rows = ref.shape[0] if ref.ndim else 1
+    if ref.size <= COMPARE_BLOCK or rows < 2:
+        return _compare_block(ref, got, tol, scale)
+    step = max(1, COMPARE_BLOCK // max(1, ref.size // rows))
+    sc = None if scale is None else np.asarray(scale)
+    worst, worst_rel, ok = 0.0, 0.0, True
+    for i in range(0, rows, step):
+        part = None if sc is None else (sc[i:i + step] if sc.ndim and sc.shape[0] == rows else sc)
+        a, r, passed = _compare_block(ref[i:i + step], got[i:i + step], tol, part)
+        worst, worst_rel, ok = max(worst, a), max(worst_rel, r), ok and passed
+    return worst, worst_rel, ok
+
+
+def _compare_block(ref: np.ndarray, got: np.ndarray, tol: Tolerance, scale: np.ndarray | float | None
+                   ) -> tuple[float, float, bool]:
     if ref.dtype == np.bool_ or np.issubdtype(ref.dtype, np.integer):
         diff = np.abs(ref.astype(np.float64) - got.astype(np.float64))
         worst = float(diff.max()) if diff.size else 0.0
@@ -148,13 +167,15 @@ def compare_arrays(ref: np.ndarray, got: np.ndarray, tol: Tolerance, scale: np.n
     diff[np.isnan(diff)] = np.inf
     if not diff.size:
         return 0.0, 0.0, True
-    finite_r = np.nan_to_num(r, posinf=0.0, neginf=0.0)
+    del g, both_nan, same_inf
+    finite_r = np.nan_to_num(r, posinf=0.0, neginf=0.0, copy=False)
     bound = tol.bound(finite_r)
     if scale is not None:
         bound = np.maximum(bound, tol.bound(np.asarray(scale, dtype=np.float64)))
+    passed = bool((diff <= bound).all())
+    del bound
     rel = diff / np.maximum(np.abs(finite_r), tol.atol)
-    return float(diff.max()), float(rel.max()), bool((diff <= bound).all())
-
+    return float(diff.max()), float(rel.max()), passed
 
 
 UNIT_SCALE = 1.0  # the output magnitude atol is stated for: a smaller output gets atol times its magnitude
@@ -164,7 +185,7 @@ def output_scale(ref: np.ndarray) -> float | None:
     """An output's own magnitude: its largest finite |value| (None for integer and bool outputs)."""
     if not np.issubdtype(ref.dtype, np.floating) or ref.size == 0:
         return None
-    r = np.abs(ref.astype(np.float64))
+    r = np.abs(ref)  # in its own dtype: its largest value is the same in float64
     r = r[np.isfinite(r)]
     return float(r.max()) if r.size else None
 
@@ -254,12 +275,12 @@ def magnitudes(ref: np.ndarray) -> np.ndarray:
     outputs of larger magnitude, whose fp32 rounding error is relative to that magnitude, not to each element: an
     element near zero carries the error of the arithmetic around it. A frozen branch or a wrong export moves
     outputs by a fraction of their magnitude, far beyond ``rtol`` times it, so the case still catches them."""
-    r = np.abs(np.nan_to_num(ref.astype(np.float64), nan=0.0, posinf=0.0, neginf=0.0))
-    if not np.issubdtype(ref.dtype, np.floating) or r.size == 0:
+    if not np.issubdtype(ref.dtype, np.floating) or ref.size == 0:
         return np.zeros((1,) * ref.ndim)
+    r = np.abs(np.nan_to_num(ref, nan=0.0, posinf=0.0, neginf=0.0))  # its own dtype; the maxima widened after
     if r.ndim < 2:
-        return np.full((1,) * r.ndim, r.max())
-    return r.reshape(r.shape[0], -1).max(1).reshape((r.shape[0],) + (1,) * (r.ndim - 1))
+        return np.full((1,) * r.ndim, float(r.max()))
+    return r.reshape(r.shape[0], -1).max(1).astype(np.float64).reshape((r.shape[0],) + (1,) * (r.ndim - 1))
 
 
 def undefined_positions(mask: np.ndarray, out_shape: Sequence[int]) -> np.ndarray | None:
