@@ -175,7 +175,23 @@ def one(library: str, name: str, work: Path, timeout: float, max_params: int, ma
     return row
 
 
-def write(args: argparse.Namespace, rows: list[dict], total: int) -> dict[str, int]:
+REFUSED = ("refused", "not proven", "export failed", "crashed")
+
+
+def check_refusal(library: str, name: str, timeout: float, max_rss: int) -> dict:
+    """benchmarks/refusal_check.py on one refused model, under the same limits: its verdict and attempts."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "check.json"
+        code, said, why, cpu = _run([sys.executable, str(HERE / "refusal_check.py"), source(library, name),
+                                     "--json", str(out)], timeout, max_rss)
+        if code == 0 and out.is_file():
+            found = json.loads(out.read_text(encoding="utf-8"))
+            return {"verdict": found["verdict"], "attempts": found["attempts"], "cpu_seconds": round(cpu, 1)}
+        lines = [ln for ln in said.splitlines() if ln.strip()]
+        return {"verdict": f"not checked: {why or (lines[-1][:300] if lines else f'exit {code}')}"}
+
+
+def write(args: argparse.Namespace, rows: list[dict], total: int, checked: dict | None = None) -> dict[str, int]:
     import torch
 
     counts: dict[str, int] = {}
@@ -193,6 +209,8 @@ def write(args: argparse.Namespace, rows: list[dict], total: int) -> dict[str, i
               "machine": f"{platform.machine()}, {os.cpu_count()} cores", **versions,
               "timeout_s": args.timeout, "swept": f"{len(rows)} of {total}", "summary": counts,
               **{k: previous[k] for k in ("refusals_checked", "notes") if k in previous}, "models": rows}
+    if checked:
+        result["refusals_checked"] = {**result.get("refusals_checked", {}), **checked}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return counts
@@ -208,6 +226,8 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true", help="keep the rows already in --out; sweep the rest")
     ap.add_argument("--stride", type=int, default=1, help="a deterministic subset: every STRIDE-th model")
     ap.add_argument("--out", type=Path, help="default: results/catalogue_LIBRARY.json")
+    ap.add_argument("--check-refusals", action="store_true",
+                    help="then try the plain exporters on each model not proven (refusal_check.py) and record it")
     args = ap.parse_args()
     args.out = args.out or HERE / "results" / f"catalogue_{args.library}.json"
     known = LIBRARIES[args.library][0]()
@@ -225,7 +245,13 @@ def main() -> None:
             write(args, rows, len(known))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps(write(args, rows, len(known))))
+    checked: dict = {}
+    if args.check_refusals:
+        for row in [r for r in rows if r["outcome"] in REFUSED and (not args.only or r["name"] in args.only)]:
+            checked[row["name"]] = check_refusal(args.library, row["name"], args.timeout, int(args.max_gib * 2**30))
+            print(json.dumps({row["name"]: checked[row["name"]]["verdict"]}), flush=True)
+            write(args, rows, len(known), checked)
+    print(json.dumps(write(args, rows, len(known), checked)))
 
 
 if __name__ == "__main__":

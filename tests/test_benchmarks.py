@@ -296,6 +296,28 @@ def test_catalogue(tmp_path):
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"too large": 1, "refused": 1}
 
 
+def test_catalogue_checks_a_refusal_with_the_plain_exporters(tmp_path):
+    """--check-refusals runs refusal_check.py on a model not proven: a name torchvision does not have cannot even
+    be loaded, so it is recorded as not checked, in one line."""
+    out = tmp_path / "catalogue.json"
+    bench("catalogue.py", "--only", "no_such_model", "--out", str(out), "--check-refusals")
+    verdict = json.loads(out.read_text())["refusals_checked"]["no_such_model"]["verdict"]
+    assert verdict.startswith("not checked: ") and "no model" in verdict
+
+
+def test_refusal_check_tries_each_plain_exporter(tmp_path):
+    """A value-dependent branch: dynamo refuses, TorchScript freezes the branch (wrong at other values), so the
+    refusal is right; a plain model is converted by the plain exporters, so refusing it would be wrong."""
+    out = tmp_path / "check.json"
+    bench("refusal_check.py", f"{MODELS}:NeedsItem", "-i", "x:float32[batch,4]", "--json", str(out))
+    got = json.loads(out.read_text())
+    assert got["verdict"].startswith("refusal right")
+    assert "GuardOnDataDependentSymNode" in got["attempts"]["dynamo, dynamic"]["error"]
+    assert got["attempts"]["torchscript, dynamic"]["wrong"]
+    bench("refusal_check.py", f"{MODELS}:TinyMLP", "-i", "x:float32[batch,8]", "--json", str(out))
+    assert json.loads(out.read_text())["verdict"].startswith("refusal wrong: dynamo, dynamic, torchscript, dynamic")
+
+
 def test_gates_check(tmp_path):
     out = tmp_path / "gates.json"
     proc = bench("gates_check.py", "--source", f"{MODELS}:TinyMLP", "-i", "x:float32[batch,8]", "--inputs", "8",

@@ -1,0 +1,145 @@
+"""Is a refusal right? For a model onnxport did not prove, try the plain exporters the way a user would,
+without onnxport's chain: ``torch.onnx.export`` with dynamo and with TorchScript, each with the dims onnxport
+declares dynamic and at the fixed export size, and run each file that comes out on onnxruntime at the sizes of
+onnxport's case matrix (export, min, max, odd, ...), judged against PyTorch at onnxport's tolerance (each output
+at its own scale). A refusal is right only where no file computes the same thing at the declared sizes.
+
+    .venv/bin/python benchmarks/refusal_check.py torchvision:raft_small
+    .venv/bin/python benchmarks/refusal_check.py timm:NAME --json out.json
+
+Prints one JSON object: per attempt, no file (the exporter's error) or the cases the file got right and wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _attempts(loaded, dynamic: bool):
+    """(name, export function) for both plain exporters, dims dynamic or fixed at the export size."""
+    import torch
+
+    from onnxport.core.samples import export_sizes, make_inputs
+
+    example = make_inputs(loaded.inputs, export_sizes(loaded.dims), seed=0)
+    names = [s.name for s in loaded.inputs]
+    outs = list(loaded.output_names)
+    syms = {sym: torch.export.Dim.AUTO for sym in loaded.dims} if dynamic else {}
+
+    def dynamo(path: Path) -> None:
+        shapes = [{ax: syms[d] for ax, d in enumerate(s.shape) if isinstance(d, str) and d in syms} or None
+                  for s in loaded.inputs] if dynamic else None
+        torch.onnx.export(loaded.flat, example, str(path), dynamo=True, input_names=names, output_names=outs,
+                          dynamic_shapes=tuple(shapes) if shapes else None, verbose=False)
+
+    def script(path: Path) -> None:
+        axes = {s.name: {ax: d for ax, d in enumerate(s.shape) if isinstance(d, str)} for s in loaded.inputs}
+        torch.onnx.export(loaded.flat, example, str(path), dynamo=False, input_names=names, output_names=outs,
+                          dynamic_axes=axes if dynamic else None, opset_version=20)
+
+    kind = "dynamic" if dynamic else "fixed"
+    return [(f"dynamo, {kind}", dynamo), (f"torchscript, {kind}", script)]
+
+
+def _judge(loaded, path: Path, dynamic: bool) -> dict:
+    """Run the file at each case of onnxport's matrix (the export size only when it is fixed): cases right and
+    wrong, the first wrong one's worst error or onnxruntime's error."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    from onnxport.core.records import FP32
+    from onnxport.core.samples import export_sizes, make_inputs, validation_cases
+    from onnxport.prove.compare import compare_arrays, own_tolerance
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    cases = validation_cases(loaded.dims) if dynamic else validation_cases(loaded.dims)[:1]
+    if not dynamic:
+        cases = [c for c in cases if c.sizes == export_sizes(loaded.dims)] or cases
+    right, wrong, first = [], [], None
+    feeds = [i.name for i in sess.get_inputs()]
+    for case in cases:
+        x = make_inputs(loaded.inputs, case.sizes, case.values, seed=case.seed)
+        with torch.inference_mode():
+            ref = loaded.flat(*x)
+        ref = [r.detach().numpy() for r in (ref if isinstance(ref, (tuple, list)) else (ref,))]
+        try:
+            got = sess.run(None, {n: t.numpy() for n, t in zip(feeds, x)})
+        except Exception as e:  # noqa: BLE001 - onnxruntime's refusal of a shape is the answer
+            wrong.append(case.label)
+            first = first or f"{case.label}: onnxruntime: {str(e).splitlines()[0][:200]}"
+            continue
+        errs = [compare_arrays(r, np.asarray(g), own_tolerance(r, FP32)) for r, g in zip(ref, got)]
+        if len(got) == len(ref) and all(ok for _, _, ok in errs):
+            right.append(case.label)
+        else:
+            wrong.append(case.label)
+            worst = max((a for a, _, _ in errs), default=float("inf"))
+            first = first or f"{case.label}: max abs error {worst:.3g}" + (
+                "" if len(got) == len(ref) else f" ({len(got)} outputs, PyTorch {len(ref)})")
+    return {"right": right, "wrong": wrong, **({"first_wrong": first} if first else {})}
+
+
+def _reason(e: BaseException) -> str:
+    """The root cause's first line (torch.onnx wraps it in 'Failed to export ... step 1/3'), without colours."""
+    import re
+
+    while e.__cause__ is not None:
+        e = e.__cause__
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return f"{type(e).__name__}: {line[:240]}"
+
+
+def check(source: str, inputs: list[str] | None = None, dims: list[str] | None = None) -> dict:
+    """Every plain attempt for ``source`` (loaded as onnxport loads it, with ``inputs``/``dims`` as -i/-d):
+    {attempt: {"error"} or {"right", "wrong", ...}}, and a verdict."""
+    from onnxport.api import load_model
+
+    loaded = load_model(source, inputs=inputs, dims=dims)
+    result: dict = {"source": source, "dims": {k: str(d) for k, d in loaded.dims.items()}, "attempts": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for dynamic in (True, False):
+            for name, export in _attempts(loaded, dynamic):
+                path = Path(tmp) / f"{name.replace(', ', '_')}.onnx"
+                t = time.perf_counter()
+                try:
+                    export(path)
+                except Exception as e:  # noqa: BLE001 - the exporter's refusal is the answer
+                    result["attempts"][name] = {"error": _reason(e),
+                                                "seconds": round(time.perf_counter() - t, 1)}
+                    continue
+                try:
+                    judged = _judge(loaded, path, dynamic)
+                except Exception as e:  # noqa: BLE001 - a file onnxruntime cannot load
+                    judged = {"error": f"onnxruntime: {str(e).splitlines()[0][:240]}"}
+                result["attempts"][name] = {**judged, "seconds": round(time.perf_counter() - t, 1)}
+    full = [n for n, a in result["attempts"].items() if a.get("right") and not a.get("wrong")
+            and n.endswith("dynamic")]
+    result["verdict"] = (f"refusal wrong: {', '.join(full)} made a file right at every case" if full else
+                         "refusal right: no plain exporter made a file right at every declared size")
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("source")
+    ap.add_argument("-i", "--input", action="append", default=[], help="as onnxport's -i")
+    ap.add_argument("-d", "--dim", action="append", default=[], help="as onnxport's -d")
+    ap.add_argument("--json", type=Path, help="also write the result here")
+    args = ap.parse_args()
+    result = check(args.source, args.input, args.dim)
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n", encoding="utf-8")
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
