@@ -10,6 +10,7 @@ models over ``--max-params`` (too large for a sweep on 2 cores) are listed as su
     .venv/bin/python benchmarks/catalogue.py --library timm --timeout 180
     .venv/bin/python benchmarks/catalogue.py --only r3d_18 --only maxvit_t --timeout 300
     .venv/bin/python benchmarks/catalogue.py --library thirdparty    # needs ultralytics, segmentation-models-pytorch
+    .venv/bin/python benchmarks/catalogue.py --library hf            # Hugging Face types beyond the test matrix
 """
 
 from __future__ import annotations
@@ -99,14 +100,39 @@ def thirdparty_parameters(name: str) -> int | None:
         return None
 
 
+def hf_names() -> list[str]:
+    sys.path.insert(0, str(HERE))
+    from hf_models import MODELS
+
+    return list(MODELS)
+
+
+def hf_parameters(name: str) -> int | None:
+    sys.path.insert(0, str(HERE))
+    from hf_models import MODELS
+
+    try:
+        return sum(p.numel() for p in MODELS[name]().parameters())
+    except Exception:  # noqa: BLE001 - the build is tried again when the folder is saved, and its error kept
+        return None
+
+
 LIBRARIES = {"torchvision": (torchvision_names, torchvision_parameters),
              "timm": (timm_names, meta_parameters),
-             "thirdparty": (thirdparty_names, thirdparty_parameters)}
+             "thirdparty": (thirdparty_names, thirdparty_parameters),
+             "hf": (hf_names, hf_parameters)}
 
 
-def source(library: str, name: str) -> str:
-    """What ``onnxport export`` is given: LIBRARY:NAME, or the third-party factory in thirdparty_models.py."""
-    return f"{HERE / 'thirdparty_models.py'}:{name}" if library == "thirdparty" else f"{library}:{name}"
+def source(library: str, name: str, work: Path | None = None) -> str:
+    """What ``onnxport export`` is given: LIBRARY:NAME, the third-party factory in thirdparty_models.py, or the
+    tiny Hugging Face folder of hf_models.py saved under ``work``."""
+    if library == "thirdparty":
+        return f"{HERE / 'thirdparty_models.py'}:{name}"
+    if library == "hf":
+        from hf_models import save
+
+        return f"hf:{save(name, (work or Path(tempfile.mkdtemp())) / f'hf-{name}')}"
+    return f"{library}:{name}"
 
 
 def _run(cmd: list[str], timeout: float, max_rss: int) -> tuple[int | None, str, str, float]:
@@ -150,7 +176,11 @@ def one(library: str, name: str, work: Path, timeout: float, max_params: int, ma
     if count is not None and count > max_params:
         return {**row, "outcome": "too large", "line": f"{count:,} parameters, over {max_params:,} for a sweep"}
     out = work / f"out-{name}"
-    cmd = [sys.executable, "-m", "onnxport", "export", source(library, name), "-o", str(out), "--force"]
+    try:
+        src = source(library, name, work)
+    except Exception as e:  # noqa: BLE001 - a tiny config its class cannot be built from: this sweep's, said so
+        return {**row, "outcome": "not built", "line": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+    cmd = [sys.executable, "-m", "onnxport", "export", src, "-o", str(out), "--force"]
     t = time.perf_counter()
     code, said, why, cpu = _run(cmd, timeout, max_rss)
     row.update(seconds=round(time.perf_counter() - t, 1), cpu_seconds=round(cpu, 1))
@@ -172,6 +202,8 @@ def one(library: str, name: str, work: Path, timeout: float, max_params: int, ma
         errors = [ln for ln in lines if ln.startswith(("error", "Error"))] or lines
         row["line"] = (errors[0] if errors else "")[:400]
     shutil.rmtree(out, ignore_errors=True)
+    if src.startswith("hf:"):
+        shutil.rmtree(src[3:], ignore_errors=True)
     return row
 
 
@@ -182,7 +214,7 @@ def check_refusal(library: str, name: str, timeout: float, max_rss: int) -> dict
     """benchmarks/refusal_check.py on one refused model, under the same limits: its verdict and attempts."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "check.json"
-        code, said, why, cpu = _run([sys.executable, str(HERE / "refusal_check.py"), source(library, name),
+        code, said, why, cpu = _run([sys.executable, str(HERE / "refusal_check.py"), source(library, name, Path(tmp)),
                                      "--json", str(out)], timeout, max_rss)
         if code == 0 and out.is_file():
             found = json.loads(out.read_text(encoding="utf-8"))
