@@ -75,11 +75,17 @@ def _size_rank(name: str) -> tuple[int, int, str]:
 
 def timm_names() -> list[str]:
     """One model per timm architecture module: the smallest by name (size words, then the shortest name;
-    counting every variant's parameters, even on the meta device, costs minutes of a shared machine)."""
+    counting every variant's parameters, even on the meta device, costs minutes of a shared machine), never
+    one of timm's own ``test_*`` miniatures where the module has a real variant."""
     import timm
 
-    return [min(names, key=_size_rank) for module in sorted(timm.list_modules())
-            if (names := timm.list_models(module=module))]
+    picked = []
+    for module in sorted(timm.list_modules()):
+        names = timm.list_models(module=module)
+        real = [n for n in names if not n.startswith("test_")]
+        if names:
+            picked.append(min(real or names, key=_size_rank))
+    return picked
 
 
 def thirdparty_names() -> list[str]:
@@ -267,7 +273,8 @@ def main() -> None:
     todo = todo[::args.stride]
     rows = []
     if args.resume and args.out.is_file():  # keep what was swept; an --only model is swept again
-        rows = [r for r in json.loads(args.out.read_text(encoding="utf-8"))["models"] if r["name"] not in args.only]
+        rows = [r for r in json.loads(args.out.read_text(encoding="utf-8"))["models"]
+                if r["name"] not in args.only and (r["name"] in known or r["name"] in todo)]  # no longer picked: gone
     done = {r["name"] for r in rows}
     work = Path(tempfile.mkdtemp(prefix="catalogue-"))
     try:

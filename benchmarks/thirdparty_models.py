@@ -19,9 +19,10 @@ def _yolo(config: str) -> Callable[[], nn.Module]:
         import os
 
         os.environ.setdefault("YOLO_OFFLINE", "1")  # no update or font checks over the network
-        from ultralytics import YOLO
+        import ultralytics
 
-        return YOLO(config, verbose=False).model  # the nn.Module, built from the yaml (random weights)
+        kind = ultralytics.RTDETR if config.startswith("rtdetr") else ultralytics.YOLO
+        return kind(config).model  # the nn.Module, built from the yaml (random weights)
 
     build.__doc__ = f"ultralytics {config} (random weights)"
     return build
