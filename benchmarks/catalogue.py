@@ -254,7 +254,40 @@ def write(args: argparse.Namespace, rows: list[dict], total: int, checked: dict 
     return counts
 
 
+def summary(paths: list[Path], over: float = 60.0) -> str:
+    """Markdown for the docs: per results file its counts, then every model not proven with its line, and the
+    proven ones over ``over`` CPU seconds."""
+    order = ("proven", "refused", "not proven", "export failed", "crashed", "timeout", "out of memory",
+             "too large", "not built")
+    lines = ["| sweep | models | " + " | ".join(order) + " |", "|---|---:|" + "---:|" * len(order)]
+    rest, slow = [], []
+    for path in paths:
+        found = json.loads(path.read_text(encoding="utf-8"))
+        rows, label = found["models"], path.stem.removeprefix("catalogue_")
+        counts = {k: sum(r["outcome"] == k for r in rows) for k in order}
+        lines.append(f"| {label} | {found['swept']} | " + " | ".join(str(counts[k] or "") for k in order) + " |")
+        checked = found.get("refusals_checked", {})
+        for r in rows:
+            if r["outcome"] != "proven":
+                why = r.get("line", "").replace("|", "\\|")
+                check = checked.get(r["name"], {})
+                verdict = check.get("verdict", "") if isinstance(check, dict) else str(check)[:200]
+                rest.append(f"| {label} | {r['name']} | {r['outcome']} | {why[:220]} | {verdict} |")
+            elif (r.get("cpu_seconds") or 0) > over:
+                slow.append(f"{r['name']} ({r['cpu_seconds']:.0f})")
+    out = "\n".join(lines)
+    if rest:
+        out += ("\n\n| sweep | model | outcome | the line | plain exporters (refusal_check.py) |\n|---|---|---|---|---|\n"
+                + "\n".join(rest))
+    if slow:
+        out += f"\n\nProven, over {over:.0f} CPU seconds: " + ", ".join(slow) + "."
+    return out
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--summary"]:  # catalogue.py --summary results/catalogue_*.json: markdown for the docs
+        print(summary([Path(p) for p in sys.argv[2:]]))
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--library", choices=sorted(LIBRARIES), default="torchvision")
     ap.add_argument("--only", action="append", default=[], help="a model name (repeatable); default: every one")

@@ -296,6 +296,22 @@ def test_catalogue(tmp_path):
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"too large": 1, "refused": 1}
 
 
+def test_catalogue_of_hugging_face_types_saves_a_folder_and_exports_it(tmp_path):
+    out = tmp_path / "catalogue.json"
+    bench("catalogue.py", "--library", "hf", "--only", "camembert", "--out", str(out))
+    (row,) = json.loads(out.read_text())["models"]
+    assert (row["name"], row["outcome"], row["exit"]) == ("camembert", "proven", 0) and row["parameters"] > 0
+    assert "timings" in row
+
+
+def test_catalogue_summary_lists_what_is_not_proven(tmp_path):
+    out = tmp_path / "catalogue_torchvision.json"
+    bench("catalogue.py", "--only", "vit_h_14", "--out", str(out))
+    proc = bench("catalogue.py", "--summary", str(out))
+    assert "| torchvision | 1 of 121 |" in proc.stdout
+    assert re.search(r"^\| torchvision \| vit_h_14 \| too large \| .*parameters", proc.stdout, re.M)
+
+
 def test_catalogue_checks_a_refusal_with_the_plain_exporters(tmp_path):
     """--check-refusals runs refusal_check.py on a model not proven: a name torchvision does not have cannot even
     be loaded, so it is recorded as not checked, in one line."""
