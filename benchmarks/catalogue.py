@@ -296,6 +296,8 @@ def main() -> None:
     ap.add_argument("--max-gib", type=float, default=8, help="a model's export killed past this resident memory")
     ap.add_argument("--resume", action="store_true", help="keep the rows already in --out; sweep the rest")
     ap.add_argument("--stride", type=int, default=1, help="a deterministic subset: every STRIDE-th model")
+    ap.add_argument("--reverse", action="store_true", help="from the last model back (a second sweep meeting the "
+                                                           "first halfway; merge the files with --resume)")
     ap.add_argument("--out", type=Path, help="default: results/catalogue_LIBRARY.json")
     ap.add_argument("--check-refusals", action="store_true",
                     help="then try the plain exporters on each model not proven (refusal_check.py) and record it")
@@ -303,7 +305,7 @@ def main() -> None:
     args.out = args.out or HERE / "results" / f"catalogue_{args.library}.json"
     known = LIBRARIES[args.library][0]()
     todo = [n for n in known if not args.only or n in args.only] + [n for n in args.only if n not in known]
-    todo = todo[::args.stride]
+    todo = todo[::args.stride][::-1 if args.reverse else 1]
     rows = []
     if args.resume and args.out.is_file():  # keep what was swept; an --only model is swept again
         rows = [r for r in json.loads(args.out.read_text(encoding="utf-8"))["models"]
