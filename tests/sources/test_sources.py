@@ -343,6 +343,25 @@ def test_images_guessed_from_the_first_convolution(name, shapes, sides):
     assert (lm.dims["height"].min, lm.dims["height"].max) == sides
 
 
+def test_a_transformers_model_handed_over_as_python_gets_the_inputs_hf_makes_up(tmp_path):
+    """A factory returning a transformers model (no folder): its inputs come from its forward and config, as for
+    hf:DIR, token ids within its vocabulary."""
+    path = tmp_path / "bert_factory.py"
+    path.write_text(textwrap.dedent("""
+        import transformers
+
+        def tiny_bert():
+            config = transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1,
+                                             num_attention_heads=2, intermediate_size=37,
+                                             max_position_embeddings=64)
+            return transformers.BertForSequenceClassification(config)
+    """))
+    lm = load_model(f"{path}:tiny_bert")
+    assert [s.name for s in lm.inputs] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert lm.inputs[0].value_range == (0, 98) and lm.dims["seq"].max == 64
+    assert lm.output_names == ("logits",)
+
+
 def test_a_guess_that_does_not_fit_says_so_and_asks_for_input(tmp_path):
     path = tmp_path / "gray.py"
     path.write_text(textwrap.dedent("""

@@ -48,6 +48,19 @@ def load_hf(source: str, inputs: list[InputSpec], dims: list[Dim], *, task: str 
                             extra={"model_type": getattr(config, "model_type", None), "architecture": arch}))
 
 
+def made_up_inputs(model) -> tuple[list[InputSpec], dict[str, tuple[int, int]], dict[str, Dim]] | None:
+    """The inputs ``hf:DIR`` makes up, for a transformers model handed over as Python (a factory returning
+    ``AutoModel.from_config(...)``, a subclass of a PreTrainedModel): from its forward signature and config, as
+    for a saved folder without tokenizer or processor files; None when it is not a transformers model. An input
+    onnxport cannot make up is the same SourceError (exit 2) with the ``--input`` lines to write."""
+    transformers = __import__("sys").modules.get("transformers")  # not imported: the model cannot be one
+    if transformers is None or not isinstance(model, transformers.PreTrainedModel):
+        return None
+    model.config.return_dict = True
+    names = _input_names(transformers, Path(os.devnull), model)
+    return _specs(model.config, names, None, tokens=_position_limit(model))
+
+
 def _unknown_architecture(config, loaded: str, task: str | None) -> tuple[Diagnostic, ...]:
     """A warning where config.json's ``architectures`` names no class this transformers has, so the model was
     loaded through the auto class (its base model: a head saved in the weights is left out)."""

@@ -55,6 +55,15 @@ def load_python(source: str, inputs: list[InputSpec], dims: list[Dim], model_arg
     model = ensure_module(model, f"{left}:{attr}")
     if weights:
         load_weights(model, weights)
+    made = None
+    if not inputs:
+        from onnxport.sources.hf import made_up_inputs
+
+        made = made_up_inputs(model)
+    if made is not None:  # a transformers model: its inputs made up from its config, as for hf:DIR
+        specs, ranges, defaults = made
+        return finish(source, attr, "python", model, specs, dims,
+                      Finishing(defaults=defaults, ranges=ranges, built_here=inspect.isclass(target)))
     guess = None if inputs else guessed_inputs(model)
     if guess is None:
         return finish(source, attr, "python", model, inputs, dims,
