@@ -1,7 +1,8 @@
-"""Every model a vision library ships, by name through the CLI with random weights and nothing downloaded:
+"""Every model a library ships, by name through the CLI with random weights and nothing downloaded:
 ``onnxport export torchvision:NAME`` (every model of ``torchvision.models.list_models()``), ``timm:NAME`` (one
-model per timm architecture module, its smallest variant) or a third-party library's model handed over as a Python
-factory (``thirdparty_models.py``: ultralytics YOLO, segmentation_models_pytorch) with no ``--input``, one at a time under a time and a
+model per timm architecture module, its smallest variant), a third-party library's model handed over as a Python
+factory (``_thirdparty_models.py``: ultralytics YOLO, segmentation_models_pytorch) or a tiny Hugging Face folder of
+a type beyond the test matrix (``_hf_models.py``), with no ``--input``, one at a time under a CPU-second and a
 memory limit. Writes, per model, proven or the one-line reason, the exporter that won, the seconds and the
 parameters, rewriting the results file after each model (a sweep cut short leaves an honest partial file);
 models over ``--max-params`` (too large for a sweep on 2 cores) are listed as such, not exported.
@@ -90,7 +91,7 @@ def timm_names() -> list[str]:
 
 def thirdparty_names() -> list[str]:
     sys.path.insert(0, str(HERE))
-    from thirdparty_models import MODELS
+    from _thirdparty_models import MODELS
 
     return list(MODELS)
 
@@ -98,7 +99,7 @@ def thirdparty_names() -> list[str]:
 def thirdparty_parameters(name: str) -> int | None:
     """The parameter count of the third-party model built here (None if its library is missing or it fails)."""
     sys.path.insert(0, str(HERE))
-    from thirdparty_models import MODELS
+    from _thirdparty_models import MODELS
 
     try:
         return sum(p.numel() for p in MODELS[name]().parameters())
@@ -108,14 +109,14 @@ def thirdparty_parameters(name: str) -> int | None:
 
 def hf_names() -> list[str]:
     sys.path.insert(0, str(HERE))
-    from hf_models import MODELS
+    from _hf_models import MODELS
 
     return list(MODELS)
 
 
 def hf_parameters(name: str) -> int | None:
     sys.path.insert(0, str(HERE))
-    from hf_models import MODELS
+    from _hf_models import MODELS
 
     try:
         return sum(p.numel() for p in MODELS[name]().parameters())
@@ -130,12 +131,12 @@ LIBRARIES = {"torchvision": (torchvision_names, torchvision_parameters),
 
 
 def source(library: str, name: str, work: Path | None = None) -> str:
-    """What ``onnxport export`` is given: LIBRARY:NAME, the third-party factory in thirdparty_models.py, or the
-    tiny Hugging Face folder of hf_models.py saved under ``work``."""
+    """What ``onnxport export`` is given: LIBRARY:NAME, the third-party factory in _thirdparty_models.py, or the
+    tiny Hugging Face folder of _hf_models.py saved under ``work``."""
     if library == "thirdparty":
-        return f"{HERE / 'thirdparty_models.py'}:{name}"
+        return f"{HERE / '_thirdparty_models.py'}:{name}"
     if library == "hf":
-        from hf_models import save
+        from _hf_models import save
 
         return f"hf:{save(name, (work or Path(tempfile.mkdtemp())) / f'hf-{name}')}"
     return f"{library}:{name}"

@@ -1,6 +1,6 @@
 """Models of the third-party libraries users export most, built from their own configs with random weights
 (nothing downloaded) and handed to onnxport as Python factories: ``onnxport export
-benchmarks/thirdparty_models.py:yolo11n`` with no ``--input`` (the image is guessed from the first
+benchmarks/_thirdparty_models.py:yolo11n`` with no ``--input`` (the image is guessed from the first
 convolution). ``benchmarks/catalogue.py --library thirdparty`` sweeps every factory of ``MODELS``.
 
 Each library is imported inside its factories, so the list reads without them installed:
@@ -63,4 +63,4 @@ MODELS: dict[str, Callable[[], nn.Module]] = {
     "smp_segformer": _smp("Segformer", "mit_b0"),
     "smp_unet_effnet": _smp("Unet", "efficientnet-b0"),
 }
-globals().update(MODELS)  # each factory importable by name: thirdparty_models.py:yolo11n
+globals().update(MODELS)  # each factory importable by name: _thirdparty_models.py:yolo11n
