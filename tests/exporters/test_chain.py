@@ -12,7 +12,7 @@ from onnxport.exporters.chain import export
 from onnxport.exporters.opsets import default_opset, exporter_max_opset, onnxruntime_max_opset
 from onnxport.prove.check import check
 from onnxport.prove.parity import compare
-from tests.conftest import MODELS
+from tests.conftest import FIXTURES, MODELS
 
 
 def _mlp():
@@ -101,3 +101,44 @@ def test_captured_output_swallows_python_and_c_level_output(capfd):
         os.write(1, b"c-level chatter\n")
     print("after")
     assert capfd.readouterr().out == "after\n"
+
+
+def test_dims_torch_export_refuses_for_a_relation_are_exported_with_auto_and_proven(tmp_path, monkeypatch):
+    """torch.export refusing the declared dims (HaloNet: 'Cannot create Dim with inconsistent min=2, max=2', its
+    sides at 256, 511, 512) sends the dynamo strategy to export again with Dim.AUTO, said in a note; the file is
+    proven at the declared sizes."""
+    import torch
+
+    loaded = load_model(f"{FIXTURES}/constrained.py:Windows", inputs=["x:float32[batch,3,height,width]"],
+                        dims=["batch=1..3", "height=8,16,24", "width=8,16"])
+    real, seen = torch.onnx.export, []
+
+    def refusing(*args, dynamic_shapes=None, **kw):
+        auto = all(type(v).__name__ == "_DimHint" for axes in dynamic_shapes or () for v in (axes or {}).values())
+        seen.append(auto)
+        if not auto:
+            raise RuntimeError("Failed to export") from AssertionError("Cannot create Dim with inconsistent "
+                                                                        "min=2, max=2")
+        return real(*args, dynamic_shapes=dynamic_shapes, **kw)
+
+    monkeypatch.setattr(torch.onnx, "export", refusing)
+    res = export(loaded, tmp_path / "m.onnx", exporter="dynamo")
+    assert seen == [False, True] and res.exporter == "dynamo" and res.attempts[0].ok
+    (note,) = [d for d in res.diagnostics if d.code == "dynamo-dims-auto"]
+    assert "Cannot create Dim" in note.message and note.severity == "info"
+    assert compare(loaded, res.path).passed
+
+
+def test_dims_refused_is_a_relation_only():
+    from onnxport.exporters.strategies import dims_refused
+
+    relation = RuntimeError("Constraints violated (height)! ...\nSuggested fixes:\n  _height = Dim('_height', "
+                            "min=1, max=4)\n  height = 16*_height")
+    assert dims_refused(RuntimeError("wrapped")) is None
+    wrapped = RuntimeError("Failed to export the model with torch.export")
+    wrapped.__cause__ = relation
+    assert dims_refused(wrapped).startswith("Constraints violated (height)")
+    constant = RuntimeError("Constraints violated (batch)! batch was inferred to be a constant (2).\n"
+                            "Suggested fixes:\n  batch = 2")
+    assert dims_refused(constant) is None
+    assert dims_refused(AssertionError("Cannot create Dim with inconsistent min=2, max=2")).startswith("Cannot")

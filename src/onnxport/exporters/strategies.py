@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import re
 import tempfile
 from pathlib import Path
 
@@ -38,11 +39,15 @@ BASE_EXPORTER = {"dynamo": "dynamo", "torchscript": "torchscript", "cond": "dyna
                  "scan": "dynamo", RESIZED: "dynamo"}
 
 
-def _dim_objects(loaded: LoadedModel) -> tuple:
+def _dim_objects(loaded: LoadedModel, auto: bool = False) -> tuple:
+    """torch.export's dynamic_shapes for the declared dims; ``auto``: Dim.AUTO for each, torch.export then
+    derives the relations between sizes (a multiple of 256, one side from another) itself."""
     dims = {}
     for sym, d in loaded.dims.items():
         step = _step(d)
-        if step > 1:  # the sizes are the multiples of a step: a derived dim, so torch.export needs no second trace
+        if auto and d.min != d.max:
+            dims[sym] = _auto(d)
+        elif step > 1:  # the sizes are the multiples of a step: a derived dim, so torch.export needs no second trace
             dims[sym] = step * torch.export.Dim(f"_{sym}", min=d.min // step, max=d.max // step)
         elif d.min != d.max:
             dims[sym] = torch.export.Dim(sym, min=d.min, max=d.max)
@@ -85,6 +90,14 @@ def _export_dynamo_resized(loaded: LoadedModel, path: Path, opset: int, external
     return _export_dynamo(loaded, path, opset, external, lines, sizes=sizes)
 
 
+def _auto(d: Dim):
+    """Dim.AUTO within the declared range (where this torch bounds hints; unbounded before)."""
+    try:
+        return torch.export.Dim.AUTO(min=d.min, max=d.max)
+    except TypeError:
+        return torch.export.Dim.AUTO
+
+
 def _step(d: Dim) -> int:
     """The step of a dim whose sizes are every multiple of it from min to max (1 otherwise)."""
     if not d.sizes or len(d.sizes) < 2:
@@ -99,18 +112,51 @@ def _export_dynamo(loaded: LoadedModel, path: Path, opset: int, external: bool, 
     example = make_inputs(loaded.inputs, sizes or export_sizes(loaded.dims), seed=0)
     customs = functions.discover_loaded(loaded)  # autograd.Functions with symbolic(): opaque ops + translations
     torch._logging.set_logs(dynamic=logging.INFO)  # guard log lines name the user code that fixed a shape
+    notes: list[Diagnostic] = []
     try:
         with functions.opaque(customs), packed.applied(loaded, opset) as rewrite:  # packed sequences: ONNX RNNs
-            program = torch.onnx.export(
-                loaded.flat, example, dynamo=True, dynamic_shapes=_dim_objects(loaded),
-                input_names=[s.name for s in loaded.inputs], output_names=list(loaded.output_names),
-                opset_version=opset, optimize=True, verbose=False,
-                custom_translation_table={**functions.translation_table(customs, opset), **rewrite.table} or None,
-            )
+            def run(auto: bool):
+                return torch.onnx.export(
+                    loaded.flat, example, dynamo=True, dynamic_shapes=_dim_objects(loaded, auto),
+                    input_names=[s.name for s in loaded.inputs], output_names=list(loaded.output_names),
+                    opset_version=opset, optimize=True, verbose=False,
+                    custom_translation_table={**functions.translation_table(customs, opset), **rewrite.table} or None,
+                )
+            try:
+                program = run(auto=False)
+            except Exception as e:
+                refused = dims_refused(e)
+                if refused is None:
+                    raise
+                try:
+                    program = run(auto=True)  # torch.export derives the relations between sizes itself
+                except Exception:  # noqa: BLE001 - the first refusal is the one to report
+                    raise e from None
+                notes.append(info("dynamo-dims-auto", f"torch.export refused the declared dims ({refused}); "
+                                  "exported with Dim.AUTO, torch.export deriving the relations between sizes "
+                                  "itself, and proven at the declared sizes"))
     finally:
         torch._logging.set_logs()
     program.save(str(path), external_data=external)
-    return narrowed_dims(loaded, getattr(program, "exported_program", None)) + rewrite.diagnostics
+    return notes + narrowed_dims(loaded, getattr(program, "exported_program", None)) + rewrite.diagnostics
+
+
+_RELATION = re.compile(r"^\s*\w+ = \d+\*\w+|^\s*\w+ = \w+ [+-] \d+", re.M)  # height = 256*_height
+
+
+def dims_refused(e: BaseException) -> str | None:
+    """The line where torch.export refused the declared dims for a relation the model's code puts between sizes
+    (a side a multiple of 256, one side from another: its suggested fixes derive a dim, or it fails building
+    one), None for any other failure (a dim it specialized to a constant is the proof's to catch)."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        text = str(e)
+        if "Cannot create Dim" in text or "Constraints violated" in text and _RELATION.search(text):
+            mark = "Cannot create Dim" if "Cannot create Dim" in text else "Constraints violated"
+            return next((ln.strip() for ln in text.splitlines() if mark in ln), mark)[:200]
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def narrowed_dims(loaded: LoadedModel, ep) -> list[Diagnostic]:
