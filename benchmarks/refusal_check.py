@@ -96,6 +96,22 @@ def _reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {line[:240]}"
 
 
+def _telling(loaded) -> bool:
+    """Whether PyTorch's outputs depend on the inputs at all: two random inputs of the export size give some output
+    that is not empty and differs. With random weights a detector may detect nothing and a zero-initialised head
+    give zeros for every input; then every file matches PyTorch, and neither a proof nor this check can tell."""
+    import torch
+
+    from onnxport.core.samples import export_sizes, make_inputs
+
+    outs = []
+    for seed in (1, 2):
+        with torch.inference_mode():
+            out = loaded.flat(*make_inputs(loaded.inputs, export_sizes(loaded.dims), seed=seed))
+        outs.append([o.detach() for o in (out if isinstance(out, (tuple, list)) else (out,))])
+    return any(a.numel() and (a.shape != b.shape or not torch.equal(a, b)) for a, b in zip(*outs))
+
+
 def check(source: str, inputs: list[str] | None = None, dims: list[str] | None = None) -> dict:
     """Every plain attempt for ``source`` (loaded as onnxport loads it, with ``inputs``/``dims`` as -i/-d):
     {attempt: {"error"} or {"right", "wrong", ...}}, and a verdict."""
@@ -103,6 +119,10 @@ def check(source: str, inputs: list[str] | None = None, dims: list[str] | None =
 
     loaded = load_model(source, inputs=inputs, dims=dims)
     result: dict = {"source": source, "dims": {k: str(d) for k, d in loaded.dims.items()}, "attempts": {}}
+    if not _telling(loaded):
+        result["verdict"] = ("cannot tell: with these weights PyTorch's outputs are the same (or empty) for every "
+                             "input, so every file matches them and no export can be proven or refused by them")
+        return result
     with tempfile.TemporaryDirectory() as tmp:
         for dynamic in (True, False):
             for name, export in _attempts(loaded, dynamic):

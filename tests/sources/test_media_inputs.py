@@ -134,3 +134,24 @@ def test_a_model_built_for_one_size_is_loaded_at_it_with_a_note():
 def test_a_size_that_does_not_run_either_is_not_taken():
     with pytest.raises(Exception, match="fails on the example inputs"):
         _one_size_model({"height": 40, "width": 40})
+
+
+def test_zero_initialised_heads_of_a_named_model_get_random_weights_said_in_a_note():
+    """torchvision's ViT initialises its head to zeros: every output 0 for every input, which no proof can tell
+    from anything. The head gets PyTorch's default initialisation and a note; other weights stay as built."""
+    from onnxport.sources.vision import lively
+
+    torch.manual_seed(0)
+    vit = torchvision.models.VisionTransformer(image_size=32, patch_size=16, num_layers=1, num_heads=2,
+                                               hidden_dim=16, mlp_dim=16, num_classes=3).eval()
+    before = {k: v.clone() for k, v in vit.state_dict().items()}
+    with torch.inference_mode():
+        assert not vit(torch.randn(2, 3, 32, 32)).any()
+    (note,) = lively(vit)
+    assert note.code == "random-weights-lively" and note.message.startswith("heads.head: all-zero")
+    changed = {k for k, v in vit.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed == {"heads.head.weight", "heads.head.bias"}
+    with torch.inference_mode():
+        a, b = vit(torch.randn(2, 3, 32, 32)), vit(torch.randn(2, 3, 32, 32))
+    assert a.abs().min() > 0 and not torch.allclose(a, b)
+    assert lively(torchvision.models.get_model("resnet18", weights=None)) == ()

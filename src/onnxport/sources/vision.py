@@ -6,6 +6,7 @@ import inspect
 
 from torch import nn
 
+from onnxport.core.diagnostics import Diagnostic, info
 from onnxport.core.errors import SourceError, missing_dependency
 from onnxport.core.spec import Dim, InputSpec
 from onnxport.sources.base import LoadedModel
@@ -97,6 +98,27 @@ def _one_size(meta: dict, video: bool) -> dict[str, int]:
     return sizes
 
 
+def lively(model: nn.Module) -> tuple[Diagnostic, ...]:
+    """Random weights a proof can tell from others: a Linear or convolution whose weight the library initialises
+    to all zeros (torchvision's ViT head, timm's Hiera head: the trained weights replace them) makes every output
+    the same for every input, which no comparison can tell a right file from a wrong one by. Such modules get
+    PyTorch's default initialisation (seeded like the rest), said in one note; models with weights of the
+    user's are never touched (this runs on torchvision:/timm: names only)."""
+    reset = []
+    for name, m in model.named_modules():
+        weight = getattr(m, "weight", None)
+        if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)) and weight is not None and weight.numel() \
+                and not weight.detach().any():
+            m.reset_parameters()
+            reset.append(name or type(m).__name__)
+    if not reset:
+        return ()
+    shown = ", ".join(reset[:4]) + (f" and {len(reset) - 4} more" if len(reset) > 4 else "")
+    return (info("random-weights-lively", f"{shown}: all-zero initial weights (replaced by trained ones in a real "
+                 "checkpoint) given PyTorch's default random initialisation, so the outputs depend on the inputs "
+                 "and the proof can tell a right file from a wrong one"),)
+
+
 def load_torchvision(source: str, inputs: list[InputSpec], dims: list[Dim]) -> LoadedModel:
     try:
         import torchvision
@@ -114,6 +136,7 @@ def load_torchvision(source: str, inputs: list[InputSpec], dims: list[Dim]) -> L
     if "weights_backbone" in inspect.signature(builder).parameters:
         kwargs["weights_backbone"] = None  # detection/segmentation builders default to downloading a backbone
     model = builder(**kwargs)
+    notes = lively(model)
     fixed = getattr(model, "image_size", None)
     size = (fixed, fixed) if isinstance(fixed, int) else None
     if name.startswith("inception"):
@@ -129,7 +152,7 @@ def load_torchvision(source: str, inputs: list[InputSpec], dims: list[Dim]) -> L
         # a detector takes a list of images, and a trace unrolls its loop over them: one image per run
         specs = [InputSpec("image", "float32", (1, 3, "height", "width"))]
     flow = name in torchvision.models.list_models(module=torchvision.models.optical_flow)
-    more = Finishing(defaults=_torchvision_dims(name, meta, video, flow), built_here=True,
+    more = Finishing(defaults=_torchvision_dims(name, meta, video, flow), built_here=True, diagnostics=notes,
                      one_size=None if inputs or dims else _one_size(meta, video))
     return finish(source, name, "torchvision", model, specs, dims, more)
 
@@ -151,4 +174,5 @@ def load_timm(source: str, inputs: list[InputSpec], dims: list[Dim]) -> LoadedMo
     defaults["height"] = Dim("height", 32, max(512, h), h)
     defaults["width"] = Dim("width", 32, max(512, w), w + 16)
     specs = declared_or(inputs, _image_inputs(channels, (h, w) if fixed else None))
-    return finish(source, name, "timm", model, specs, dims, Finishing(defaults=defaults, built_here=True))
+    return finish(source, name, "timm", model, specs, dims,
+                  Finishing(defaults=defaults, built_here=True, diagnostics=lively(model)))
