@@ -131,10 +131,10 @@ MODELS: dict[str, Callable[[], object]] = {
     "mistral": _m("MistralForCausalLM", "MistralConfig", num_key_value_heads=1, **CAUSAL),
     "qwen2": _m("Qwen2ForCausalLM", "Qwen2Config", num_key_value_heads=1, **CAUSAL),
     "codegen": _m("CodeGenForCausalLM", "CodeGenConfig", vocab_size=99, n_positions=128, n_ctx=128, n_embd=32,
-                  n_layer=1, n_head=2, rotary_dim=8),
+                  n_layer=1, n_head=4, rotary_dim=4, bos_token_id=0, eos_token_id=1),  # heads split in 4 (mp_num)
     "gpt_bigcode": _m("GPTBigCodeForCausalLM", "GPTBigCodeConfig", vocab_size=99, n_positions=128, n_embd=32,
                       n_layer=1, n_head=2),
-    "mbart": _m("MBartForConditionalGeneration", "MBartConfig", **SEQ2SEQ),
+    "mbart": _m("MBartForConditionalGeneration", "MBartConfig", decoder_start_token_id=2, **SEQ2SEQ),
     "pegasus": _m("PegasusForConditionalGeneration", "PegasusConfig", **SEQ2SEQ),
     "marian": _m("MarianMTModel", "MarianConfig", decoder_start_token_id=0, pad_token_id=0, **SEQ2SEQ),
     "m2m_100": _m("M2M100ForConditionalGeneration", "M2M100Config", **SEQ2SEQ),
