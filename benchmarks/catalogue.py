@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import platform
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -89,45 +91,30 @@ def timm_names() -> list[str]:
     return picked
 
 
-def thirdparty_names() -> list[str]:
-    sys.path.insert(0, str(HERE))
-    from _thirdparty_models import MODELS
+def _module(name: str):
+    """A model list beside this script (``_thirdparty_models``, ``_hf_models``): its ``MODELS`` name -> factory."""
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    return importlib.import_module(name)
 
-    return list(MODELS)
+
+def _names(module: str) -> list[str]:
+    return list(_module(module).MODELS)
 
 
-def thirdparty_parameters(name: str) -> int | None:
-    """The parameter count of the third-party model built here (None if its library is missing or it fails)."""
-    sys.path.insert(0, str(HERE))
-    from _thirdparty_models import MODELS
-
+def _built_parameters(module: str, name: str) -> int | None:
+    """The parameter count of ``name`` built from its factory (None if its library is missing or the build fails:
+    the export, or the folder's save, tries again and keeps the error)."""
     try:
-        return sum(p.numel() for p in MODELS[name]().parameters())
-    except Exception:  # noqa: BLE001 - the export will say why
-        return None
-
-
-def hf_names() -> list[str]:
-    sys.path.insert(0, str(HERE))
-    from _hf_models import MODELS
-
-    return list(MODELS)
-
-
-def hf_parameters(name: str) -> int | None:
-    sys.path.insert(0, str(HERE))
-    from _hf_models import MODELS
-
-    try:
-        return sum(p.numel() for p in MODELS[name]().parameters())
-    except Exception:  # noqa: BLE001 - the build is tried again when the folder is saved, and its error kept
+        return sum(p.numel() for p in _module(module).MODELS[name]().parameters())
+    except Exception:  # noqa: BLE001 - said by the export
         return None
 
 
 LIBRARIES = {"torchvision": (torchvision_names, torchvision_parameters),
              "timm": (timm_names, meta_parameters),
-             "thirdparty": (thirdparty_names, thirdparty_parameters),
-             "hf": (hf_names, hf_parameters)}
+             "thirdparty": (partial(_names, "_thirdparty_models"), partial(_built_parameters, "_thirdparty_models")),
+             "hf": (partial(_names, "_hf_models"), partial(_built_parameters, "_hf_models"))}
 
 
 def source(library: str, name: str, work: Path | None = None) -> str:
@@ -136,9 +123,7 @@ def source(library: str, name: str, work: Path | None = None) -> str:
     if library == "thirdparty":
         return f"{HERE / '_thirdparty_models.py'}:{name}"
     if library == "hf":
-        from _hf_models import save
-
-        return f"hf:{save(name, (work or Path(tempfile.mkdtemp())) / f'hf-{name}')}"
+        return f"hf:{_module('_hf_models').save(name, (work or Path(tempfile.mkdtemp())) / f'hf-{name}')}"
     return f"{library}:{name}"
 
 

@@ -66,6 +66,12 @@ def forward_parameters(model: nn.Module) -> list[inspect.Parameter] | None:
         return None
 
 
+def required_positional(model: nn.Module) -> list[str]:
+    """The names of ``forward``'s positional parameters without a default (none when they cannot be read)."""
+    return [p.name for p in forward_parameters(model) or ()
+            if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
 def bind_inputs(model: nn.Module, specs: tuple[InputSpec, ...]) -> list[tuple[str, str | int]]:
     """Decide how each input reaches ``forward``: ("kw", parameter name) or ("pos", sort key).
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -53,7 +54,7 @@ def made_up_inputs(model) -> tuple[list[InputSpec], dict[str, tuple[int, int]], 
     ``AutoModel.from_config(...)``, a subclass of a PreTrainedModel): from its forward signature and config, as
     for a saved folder without tokenizer or processor files; None when it is not a transformers model. An input
     onnxport cannot make up is the same SourceError (exit 2) with the ``--input`` lines to write."""
-    transformers = __import__("sys").modules.get("transformers")  # not imported: the model cannot be one
+    transformers = sys.modules.get("transformers")  # not imported: the model cannot be one
     if transformers is None or not isinstance(model, transformers.PreTrainedModel):
         return None
     model.config.return_dict = True

@@ -17,7 +17,7 @@ from onnxport.core.diagnostics import Diagnostic, info
 from onnxport.core.errors import ConstrainedDims, SourceError, UsageError
 from onnxport.core.exits import ProcessExit
 from onnxport.core.spec import Dim, InputSpec
-from onnxport.sources.base import LoadedModel, forward_parameters, load_weights
+from onnxport.sources.base import LoadedModel, load_weights, required_positional
 from onnxport.sources.finish import Finishing, ensure_module, finish
 from onnxport.sources.paths import python_file
 
@@ -55,23 +55,24 @@ def load_python(source: str, inputs: list[InputSpec], dims: list[Dim], model_arg
     model = ensure_module(model, f"{left}:{attr}")
     if weights:
         load_weights(model, weights)
-    made = None
-    if not inputs:
-        from onnxport.sources.hf import made_up_inputs
+    built_here = inspect.isclass(target)
+    if inputs:
+        return finish(source, attr, "python", model, inputs, dims,
+                      Finishing(defaults=spatial_defaults(model, inputs), built_here=built_here))
+    from onnxport.sources.hf import made_up_inputs
 
-        made = made_up_inputs(model)
+    made = made_up_inputs(model)
     if made is not None:  # a transformers model: its inputs made up from its config, as for hf:DIR
         specs, ranges, defaults = made
         return finish(source, attr, "python", model, specs, dims,
-                      Finishing(defaults=defaults, ranges=ranges, built_here=inspect.isclass(target)))
-    guess = None if inputs else guessed_inputs(model)
-    if guess is None:
-        return finish(source, attr, "python", model, inputs, dims,
-                      Finishing(defaults=spatial_defaults(model, inputs), built_here=inspect.isclass(target)))
+                      Finishing(defaults=defaults, ranges=ranges, built_here=built_here))
+    guess = guessed_inputs(model)
+    if guess is None:  # finish says the model needs --input
+        return finish(source, attr, "python", model, [], dims, Finishing(built_here=built_here))
     specs, defaults, note = guess
     try:
         return finish(source, attr, "python", model, specs, dims,
-                      Finishing(defaults=defaults, diagnostics=(note,), built_here=inspect.isclass(target)))
+                      Finishing(defaults=defaults, diagnostics=(note,), built_here=built_here))
     except ConstrainedDims:
         raise  # the guess runs at some sizes only: loaded again at those
     except (UsageError, SourceError) as e:
@@ -87,12 +88,10 @@ def guessed_inputs(model: nn.Module) -> tuple[list[InputSpec], dict[str, Dim], D
     (``image1, image2``: optical flow, stereo), and whose first convolution is 2-D (3-D): each
     ``[batch, C, height, width]`` (``[batch, C, frames, height, width]``) with C its input channels, at a
     photo's sizes; None otherwise."""
-    from onnxport.sources.vision import IMAGE_DIMS, IMAGE_PARAMS, VIDEO_DIMS
+    from onnxport.sources.vision import IMAGE_DIMS, VIDEO_DIMS, all_images
 
-    params = forward_parameters(model)
-    names = [p.name for p in params or () if p.default is p.empty
-             and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if not names or len(names) > 1 and not all(n.startswith(IMAGE_PARAMS) for n in names):
+    names = required_positional(model)
+    if not names or len(names) > 1 and not all_images(names):
         return None
     conv = next((m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Conv3d))), None)
     if conv is None or conv.in_channels < 1:

@@ -9,7 +9,7 @@ from torch import nn
 from onnxport.core.diagnostics import Diagnostic, info
 from onnxport.core.errors import SourceError, missing_dependency
 from onnxport.core.spec import Dim, InputSpec
-from onnxport.sources.base import LoadedModel
+from onnxport.sources.base import LoadedModel, required_positional
 from onnxport.sources.finish import Finishing, declared_or, finish
 
 IMAGE_DIMS = {
@@ -54,11 +54,13 @@ def _weights_meta(torchvision, name: str) -> dict:
 def _image_params(model: nn.Module) -> tuple[str, ...]:
     """The forward parameters without a default, when there are several and each takes an image (RAFT's
     ``image1``, ``image2``); else ("image",), one image bound to the first parameter."""
-    params = [p.name for p in inspect.signature(model.forward).parameters.values()
-              if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(params) > 1 and all(p.startswith(IMAGE_PARAMS) for p in params):
-        return tuple(params)
-    return ("image",)
+    params = required_positional(model)
+    return tuple(params) if len(params) > 1 and all_images(params) else ("image",)
+
+
+def all_images(names: list[str]) -> bool:
+    """Every name is an image's (``image``, ``image1``, ``img2``...)."""
+    return all(n.startswith(IMAGE_PARAMS) for n in names)
 
 
 def _torchvision_dims(name: str, meta: dict, video: bool, flow: bool = False) -> dict[str, Dim]:
