@@ -343,6 +343,40 @@ def test_images_guessed_from_the_first_convolution(name, shapes, sides):
     assert (lm.dims["height"].min, lm.dims["height"].max) == sides
 
 
+def test_default_ranges_narrowed_when_the_largest_case_costs_too_much(monkeypatch):
+    """Over the FLOP budget the guessed ranges shrink (batch to 4 first, then the sides, never to the export size)
+    with a note naming the wider range; a declared --dim is never narrowed; within budget nothing changes."""
+    import importlib
+
+    finish = importlib.import_module("onnxport.sources.finish")
+    monkeypatch.setattr(finish, "MAX_CASE_FLOPS", 1e6)
+    lm = load_model(_src(MODELS, "TinyConv"))
+    sizes = export_sizes(lm.dims)
+    assert sizes["batch"] < lm.dims["batch"].max <= 4 and sizes["height"] < lm.dims["height"].max < 512
+    (note,) = [d for d in lm.diagnostics if d.code == "range-sized-by-cost"]
+    assert "(not ..16)" in note.message and "TFLOPs" in note.message and "-d height=32..512" in note.hint
+    declared = load_model(_src(MODELS, "TinyConv"), dims=[Dim("height", 32, 512)])
+    assert declared.dims["height"].max == 512 and declared.dims["width"].max < 512
+    monkeypatch.setattr(finish, "MAX_CASE_FLOPS", 1e15)
+    assert not [d for d in load_model(_src(MODELS, "TinyConv")).diagnostics if d.code == "range-sized-by-cost"]
+
+
+def test_sized_by_cost_takes_the_sides_down_evenly_and_keeps_listed_sizes():
+    from onnxport.sources.finish import sized_by_cost
+
+    dims = {"batch": Dim("batch", 1, 16, 2), "height": Dim("height", 32, 512, 224),
+            "width": Dim("width", 32, 512, 240), "n": Dim("n", 4, 64, 4, sizes=(4, 16, 64))}
+    flops = 10**9  # the max case: 8 * (512/224) * (512/240) = 39x the example
+    same, notes = sized_by_cost(dims, list(dims), flops, budget=40e9)
+    assert same == dims and notes == ()
+    new, (note,) = sized_by_cost(dims, list(dims), flops, budget=10e9)
+    assert new["batch"].max == 4 and new["n"] == dims["n"]
+    assert abs(new["height"].max - new["width"].max) <= 32 and new["height"].max >= 256
+    assert 2 * (new["height"].max / 224) * (new["width"].max / 240) <= 10
+    floor, _ = sized_by_cost(dims, list(dims), flops, budget=1.0)  # never below just above the export size
+    assert (floor["batch"].max, floor["height"].max, floor["width"].max) == (3, 256, 256)
+
+
 def test_a_transformers_model_handed_over_as_python_gets_the_inputs_hf_makes_up(tmp_path):
     """A factory returning a transformers model (no folder): its inputs come from its forward and config, as for
     hf:DIR, token ids within its vocabulary."""

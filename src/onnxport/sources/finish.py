@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from onnxport.core.diagnostics import Diagnostic, warning
+from onnxport.core.diagnostics import Diagnostic, info, warning
 from onnxport.core.errors import ConstrainedDims, SourceError, UsageError, one_line
 from onnxport.core.samples import export_sizes, make_inputs
 from onnxport.core.spec import Dim, InputSpec, merge_dims
@@ -42,6 +42,10 @@ class Finishing:
     ranges: dict[str, tuple[int, int]] | None = None
     built_here: bool = False
     one_size: dict[str, int] | None = None  # sizes a model built for one size takes (its weights' crop size)
+    sized: tuple[str, ...] = ()  # default dims narrowed when the proof's largest case would cost too much
+
+
+MAX_CASE_FLOPS = 1e12  # the proof's all-max case, estimated from the example forward: about 10 s of one core
 
 
 def finish(source: str, name: str, kind: str, model: nn.Module, specs: list[InputSpec], declared: list[Dim],
@@ -66,9 +70,9 @@ def finish(source: str, name: str, kind: str, model: nn.Module, specs: list[Inpu
     resolved = merge_dims(list(spec_t), declared, more.defaults)
     flat = make_flat(model, spec_t)
     example = make_inputs(spec_t, export_sizes(resolved), seed=0)
+    sized = [sym for sym in more.sized if sym in resolved and sym not in {d.symbol for d in declared}]
     try:
-        with torch.inference_mode():
-            out = flat.raw(*example)
+        out, flops = _example_run(flat, example, count=bool(sized))
     except Exception as e:  # noqa: BLE001 - a model that cannot run on its own inputs
         first = one_line(e, 300)
         if isinstance(e, IndexError) and "index out of range" in first:
@@ -83,11 +87,75 @@ def finish(source: str, name: str, kind: str, model: nn.Module, specs: list[Inpu
         ) from None
     outs = _distinct_from_inputs(names_of(out), names)  # the model ran: what follows is about its output
     del out
+    if flops:
+        resolved, narrowed = sized_by_cost(resolved, sized, flops)
+        diags += narrowed
     _preflight(flat, spec_t, resolved)
     return LoadedModel(
         source=source, name=name, kind=kind, model=model, flat=flat, inputs=spec_t, dims=resolved,
         output_names=outs, parameters=count_parameters(model), diagnostics=diags, extra=dict(more.extra or {}),
     )
+
+
+def _example_run(flat: nn.Module, example: list[torch.Tensor], count: bool) -> tuple[Any, int]:
+    """The model's outputs at the export sizes and, when ``count``, the FLOPs that forward took (0 when
+    PyTorch's counter cannot follow the model: the model is then run without it)."""
+    with torch.inference_mode():
+        if count:
+            from torch.utils.flop_counter import FlopCounterMode
+
+            counter = FlopCounterMode(display=False)
+            try:
+                with counter:
+                    return flat.raw(*example), int(counter.get_total_flops())
+            except Exception:  # noqa: BLE001 - the counter's failure or the model's: the plain run below tells
+                pass
+        return flat.raw(*example), 0
+
+
+def sized_by_cost(dims: dict[str, Dim], syms: list[str], flops: int,
+                  budget: float | None = None) -> tuple[dict[str, Dim], tuple[Diagnostic, ...]]:
+    """``dims`` with the default ranges of ``syms`` narrowed until the proof's all-max case costs about
+    ``budget`` FLOPs, estimated from the example forward's ``flops`` as growing with each dim's size: batch down
+    to 4 first, then the other dims evenly, each kept above its export size; a ``range-sized-by-cost`` note
+    says what changed and how to prove the wider range. Dims that take listed sizes only stay as they are."""
+    budget = MAX_CASE_FLOPS if budget is None else budget
+    sizes = export_sizes(dims)
+    syms = [s for s in syms if dims[s].sizes is None and dims[s].max > sizes[s]]
+
+    def cost(tops: dict[str, int]) -> float:
+        return flops * math.prod(tops[s] / max(sizes[s], 1) for s in syms)
+
+    tops = {s: dims[s].max for s in syms}
+    wanted = cost(tops)
+    if wanted <= budget:
+        return dims, ()
+    floors = {s: min(dims[s].max, sizes[s] + 1 if s == "batch" else -(-(sizes[s] + 1) // 32) * 32) for s in syms}
+    if "batch" in tops:
+        tops["batch"] = max(floors["batch"], min(tops["batch"], 4))
+    others = [s for s in syms if s != "batch"]
+    for _ in range(64):  # each pass takes the sides down a step of 32 (or one), the batch last
+        if cost(tops) <= budget:
+            break
+        movable = [s for s in others if tops[s] > floors[s]] or [s for s in syms if tops[s] > floors[s]]
+        if not movable:
+            break
+        for s in movable:
+            step = 32 if tops[s] - floors[s] >= 32 and sizes[s] >= 32 else 1
+            tops[s] = max(floors[s], tops[s] - step)
+    changed = {s: n for s, n in tops.items() if n < dims[s].max}
+    if not changed:
+        return dims, ()
+    new = dict(dims)
+    for s, n in changed.items():
+        new[s] = dataclasses.replace(dims[s], max=n)
+    told = ", ".join(f"{s} {dims[s].min}..{n} (not ..{dims[s].max})" for s, n in changed.items())
+    note = info("range-sized-by-cost",
+                f"default ranges narrowed to {told}: at the full ranges the proof's largest case would take "
+                f"an estimated {wanted / 1e12:.1f} TFLOPs per run, now about {cost(tops) / 1e12:.1f}",
+                hint="declare the wider range with --dim (for example "
+                     f"{' '.join(f'-d {s}={dims[s].min}..{dims[s].max}' for s in changed)}) to prove it")
+    return new, (note,)
 
 
 def _one_size(flat: nn.Module, specs: tuple[InputSpec, ...], dims: dict[str, Dim],

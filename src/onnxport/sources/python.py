@@ -70,9 +70,11 @@ def load_python(source: str, inputs: list[InputSpec], dims: list[Dim], model_arg
     if guess is None:  # finish says the model needs --input
         return finish(source, attr, "python", model, [], dims, Finishing(built_here=built_here))
     specs, defaults, note = guess
+    from onnxport.sources.vision import SIZED
+
     try:
         return finish(source, attr, "python", model, specs, dims,
-                      Finishing(defaults=defaults, diagnostics=(note,), built_here=built_here))
+                      Finishing(defaults=defaults, diagnostics=(note,), built_here=built_here, sized=SIZED))
     except ConstrainedDims:
         raise  # the guess runs at some sizes only: loaded again at those
     except (UsageError, SourceError) as e:

@@ -25,6 +25,7 @@ VIDEO_DIMS = {  # a clip: small by default, frames and sides widened where the w
     "height": Dim("height", 32, 160, 64),
     "width": Dim("width", 32, 160, 80),
 }
+SIZED = ("batch", "frames", "height", "width")  # default ranges narrowed for a model too costly to prove over them
 IMAGE_PARAMS = ("image", "img")  # forward parameters that each take an image (optical flow: image1, image2)
 
 
@@ -155,7 +156,7 @@ def load_torchvision(source: str, inputs: list[InputSpec], dims: list[Dim]) -> L
         specs = [InputSpec("image", "float32", (1, 3, "height", "width"))]
     flow = name in torchvision.models.list_models(module=torchvision.models.optical_flow)
     more = Finishing(defaults=_torchvision_dims(name, meta, video, flow), built_here=True, diagnostics=notes,
-                     one_size=None if inputs or dims else _one_size(meta, video))
+                     one_size=None if inputs or dims else _one_size(meta, video), sized=SIZED)
     return finish(source, name, "torchvision", model, specs, dims, more)
 
 
@@ -177,4 +178,4 @@ def load_timm(source: str, inputs: list[InputSpec], dims: list[Dim]) -> LoadedMo
     defaults["width"] = Dim("width", 32, max(512, w), w + 16)
     specs = declared_or(inputs, _image_inputs(channels, (h, w) if fixed else None))
     return finish(source, name, "timm", model, specs, dims,
-                  Finishing(defaults=defaults, built_here=True, diagnostics=lively(model)))
+                  Finishing(defaults=defaults, built_here=True, diagnostics=lively(model), sized=SIZED))
