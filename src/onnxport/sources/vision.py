@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
+import torch
 from torch import nn
 
 from onnxport.core.diagnostics import Diagnostic, info
 from onnxport.core.errors import SourceError, missing_dependency
+from onnxport.core.samples import export_sizes, make_inputs
 from onnxport.core.spec import Dim, InputSpec
 from onnxport.sources.base import LoadedModel, required_positional
 from onnxport.sources.finish import Finishing, declared_or, finish
@@ -122,6 +125,47 @@ def lively(model: nn.Module) -> tuple[Diagnostic, ...]:
                  "and the proof can tell a right file from a wrong one"),)
 
 
+_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+def responds(lm: LoadedModel) -> bool:
+    """Whether the model's outputs differ between two random inputs at the export sizes (shapes, or values by
+    more than 1e-4 of their magnitude and 1e-6): random weights a library scales for training (GoogLeNet's std 0.01
+    makes every activation vanish by the last layer) can give one output whatever the input."""
+    sizes = export_sizes(lm.dims)
+    with torch.inference_mode():
+        a, b = (lm.flat(*make_inputs(lm.inputs, sizes, seed=seed)) for seed in (0, 1))
+    for x, y in zip(a, b):
+        if x.shape != y.shape:
+            return True
+        if x.numel() and not x.is_floating_point() and not torch.equal(x, y):
+            return True
+        if x.numel() and x.is_floating_point():
+            scale = float(x.abs().max()) or 1.0
+            if float((x.double() - y.double()).abs().max()) > max(1e-4 * scale, 1e-6):
+                return True
+    return False
+
+
+def awake(lm: LoadedModel) -> LoadedModel:
+    """``lm`` whose outputs depend on its inputs: when they do not with the library's random initialisation,
+    every Linear and convolution gets He's initialisation (seeded; it keeps the activations' scale), said in a
+    ``random-weights-lively`` note; a model that still gives one output for every input stays as it is (its
+    proof says it cannot tell). For ``torchvision:``/``timm:`` names only: the user's weights are never touched."""
+    if responds(lm):
+        return lm
+    torch.manual_seed(0)
+    for m in lm.model.modules():
+        if isinstance(m, _LAYERS):
+            nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
+    if not responds(lm):
+        return lm
+    note = info("random-weights-lively", "the outputs were the same for every input with the library's random "
+                "initialisation (scaled for training: trained weights replace it), so every Linear and convolution "
+                "got a variance-keeping random initialisation (He, fan in), and the proof can tell a right file from a wrong one")
+    return dataclasses.replace(lm, diagnostics=(*lm.diagnostics, note))
+
+
 def load_torchvision(source: str, inputs: list[InputSpec], dims: list[Dim]) -> LoadedModel:
     try:
         import torchvision
@@ -157,7 +201,7 @@ def load_torchvision(source: str, inputs: list[InputSpec], dims: list[Dim]) -> L
     flow = name in torchvision.models.list_models(module=torchvision.models.optical_flow)
     more = Finishing(defaults=_torchvision_dims(name, meta, video, flow), built_here=True, diagnostics=notes,
                      one_size=None if inputs or dims else _one_size(meta, video), sized=SIZED)
-    return finish(source, name, "torchvision", model, specs, dims, more)
+    return awake(finish(source, name, "torchvision", model, specs, dims, more))
 
 
 def load_timm(source: str, inputs: list[InputSpec], dims: list[Dim]) -> LoadedModel:
@@ -177,5 +221,5 @@ def load_timm(source: str, inputs: list[InputSpec], dims: list[Dim]) -> LoadedMo
     defaults["height"] = Dim("height", 32, max(512, h), h)
     defaults["width"] = Dim("width", 32, max(512, w), w + 16)
     specs = declared_or(inputs, _image_inputs(channels, (h, w) if fixed else None))
-    return finish(source, name, "timm", model, specs, dims,
-                  Finishing(defaults=defaults, built_here=True, diagnostics=lively(model), sized=SIZED))
+    return awake(finish(source, name, "timm", model, specs, dims,
+                        Finishing(defaults=defaults, built_here=True, diagnostics=lively(model), sized=SIZED)))
