@@ -35,6 +35,9 @@ def _models() -> dict:
         "clap": lambda: T.ClapModel(T.ClapConfig(
             projection_dim=16, text_config=dict(vocab_size=99, max_position_embeddings=40, **TINY),
             audio_config=audio)),
+        "siglip2": lambda: T.Siglip2Model(T.Siglip2Config(
+            text_config=dict(vocab_size=99, max_position_embeddings=40, **TINY),
+            vision_config=dict(num_patches=16, patch_size=8, **TINY))),
     }
 
 
@@ -45,6 +48,8 @@ EXPECTED = {  # name -> the inputs made up, as `onnxport export` prints them
     "ast": ["input_values:float32[batch,32,16]"],
     "clap": ["input_ids:int64[batch,seq]{0..98}", "attention_mask:int64[batch,seq]{0..1}",
              "input_features:float32[batch,1,frames,16]"],
+    "siglip2": ["input_ids:int64[batch,seq]{0..98}", "attention_mask:int64[batch,seq]{0..1}", "pixel_values:float32[1,16,192]",
+                "pixel_attention_mask:int64[1,16]{1..1}", "spatial_shapes:int64[1,2]{4..4}"],
 }
 
 
@@ -71,7 +76,7 @@ def test_clap_frames_reach_the_audio_towers_window(saved):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["videomae", "ast"])
+@pytest.mark.parametrize("name", ["videomae", "ast", "siglip2"])
 def test_exported_and_proven(saved, tmp_path, name, monkeypatch, capsys):
     r = run_cli_here(monkeypatch, capsys, "export", f"hf:{saved / name}", "-o", str(tmp_path / name))
     assert r.returncode == 0, r.stdout + r.stderr

@@ -17,7 +17,7 @@ from onnxport.core.spec import Dim, InputSpec
 from onnxport.sources import validate
 from onnxport.sources.base import LoadedModel
 from onnxport.sources.finish import Finishing, declared_or, finish
-from onnxport.sources.hf_media import audio_tower_inputs, media_spec
+from onnxport.sources.hf_media import NAFLEX, audio_tower_inputs, media_spec, naflex
 from onnxport.sources.tokenizer_files import load_tokenizer
 
 TASKS = {
@@ -135,7 +135,7 @@ def _model_class(transformers, config, task: str | None):
     return transformers.AutoModel
 
 
-KNOWN_INPUTS = ("input_ids", "bbox", "attention_mask", "token_type_ids", "pixel_values", "pixel_mask",
+KNOWN_INPUTS = ("input_ids", "bbox", "attention_mask", "token_type_ids", "pixel_values", "pixel_mask", *NAFLEX,
                 "input_values", "input_features", "is_longer", "decoder_input_ids")  # those onnxport can make up, in this order
 TEXT_AFTER_IDS = ("bbox", "attention_mask", "token_type_ids")  # beside input_ids, where forward takes them
 TOWERS = ("text_config", "vision_config", "audio_config", "encoder", "decoder")  # sub-configs with a tower's settings
@@ -209,7 +209,7 @@ def _input_names(transformers, path: Path, model) -> list[str]:
                 pass
         names += [n for n in text if n != "bbox" or _orders_boxes()]
     if "pixel_values" in names:
-        names.append("pixel_mask")
+        names += ["pixel_mask", *(NAFLEX if naflex(config) else ())]
     if getattr(config, "is_encoder_decoder", False):
         names.append("decoder_input_ids")
     names = [n for n in dict.fromkeys(names) if n in params]

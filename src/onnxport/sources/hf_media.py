@@ -1,13 +1,18 @@
 """The ``hf:DIR`` inputs of video and spectrogram models, made up from the config (and each tower's own config):
 video clips (VideoMAE, TimeSformer, ViViT: ``pixel_values`` [batch, frames, channels, height, width]),
-spectrograms (AST: ``input_values`` [batch, frames, mel bins]) and an audio tower's features beside a text
-tower (CLAP: ``input_features`` [batch, channels, frames, mel bins] and, with fusion, ``is_longer``)."""
+spectrograms (AST: ``input_values`` [batch, frames, mel bins]), an audio tower's features beside a text
+tower (CLAP: ``input_features`` [batch, channels, frames, mel bins] and, with fusion, ``is_longer``) and images
+as patch sequences (SigLIP2's naflex: ``pixel_values`` [1, patches, values per patch], ``pixel_attention_mask``,
+``spatial_shapes``)."""
 
 from __future__ import annotations
+
+import math
 
 from onnxport.core.spec import Dim, InputSpec
 
 AUDIO_TOWER = "audio_config"
+NAFLEX = ("pixel_attention_mask", "spatial_shapes")  # beside patch-sequence pixel_values
 
 
 def _tower(config, name: str):
@@ -51,6 +56,16 @@ def audio_tower_inputs(config, params) -> list[str]:
     return ["input_features", *(["is_longer"] if getattr(audio, "enable_fusion", False) else [])]
 
 
+def naflex(config) -> tuple[int, int, int] | None:
+    """(patches, values per patch, grid side) when the vision tower takes an image as a sequence of patches of
+    any aspect (SigLIP2: ``num_patches`` and ``patch_size``, no ``image_size``); else None."""
+    vision = _tower(config, "vision_config") or config
+    patches, size = _int(vision, "num_patches"), _int(vision, "patch_size")
+    if patches is None or size is None or getattr(vision, "image_size", None) is not None:
+        return None
+    return patches, (_int(vision, "num_channels") or 3) * size * size, math.isqrt(patches)
+
+
 def media_spec(config, name: str) -> tuple[InputSpec, dict[str, Dim]] | None:
     """The spec of ``name`` and its dims' default ranges when it is a clip, a spectrogram or an audio tower's
     input; None for every other input (made up as before)."""
@@ -58,6 +73,14 @@ def media_spec(config, name: str) -> tuple[InputSpec, dict[str, Dim]] | None:
         height, width = _side(config)
         channels = _int(config, "num_channels") or 3
         return InputSpec(name, "float32", ("batch", _int(config, "num_frames"), channels, height, width)), {}
+    flex = naflex(config) if name in ("pixel_values", *NAFLEX) else None
+    if flex is not None:  # one image per run: the tower resizes its position grid per image in a Python loop
+        patches, values, side = flex  # every patch real, on a square grid (an export keeps the example's grid)
+        if name == "pixel_values":
+            return InputSpec(name, "float32", (1, patches, values)), {}
+        if name == "pixel_attention_mask":
+            return InputSpec(name, "int64", (1, patches), (1, 1)), {}
+        return InputSpec(name, "int64", (1, 2), (side, side)), {}
     if name == "input_values" and is_spectrogram(config):  # AST: positions fix the frames
         shape = ("batch", _int(config, "max_length"), _int(config, "num_mel_bins"))
         return InputSpec(name, "float32", shape), {}
