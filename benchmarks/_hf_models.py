@@ -47,7 +47,8 @@ MODELS: dict[str, Callable[[], object]] = {
     "esm": _m("EsmForSequenceClassification", "EsmConfig", pad_token_id=1, mask_token_id=2, **TEXT),
     "xlnet": _m("XLNetForSequenceClassification", "XLNetConfig", vocab_size=99, d_model=32, n_layer=1, n_head=2,
                 d_inner=37),
-    "nystromformer": _m("NystromformerForSequenceClassification", "NystromformerConfig", num_landmarks=4,
+    # as the published checkpoints set them: landmarks = segment length (else it runs at that one length only)
+    "nystromformer": _m("NystromformerForSequenceClassification", "NystromformerConfig", num_landmarks=16,
                         segment_means_seq_len=16, **TEXT),
     # vision
     "levit": _m("LevitForImageClassification", "LevitConfig", image_size=64, hidden_sizes=[16, 32, 48],

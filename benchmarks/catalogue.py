@@ -227,8 +227,9 @@ def write(args: argparse.Namespace, rows: list[dict], total: int, checked: dict 
             versions[lib] = __import__(lib).__version__
     previous = json.loads(args.out.read_text(encoding="utf-8")) if args.resume and args.out.is_file() else {}
     command = " ".join([Path(sys.executable).name, *sys.argv])
-    if previous.get("command") and not previous["command"].endswith(command):
-        command = f"{previous['command']}; then {command}"  # a resumed sweep: every run that made the file
+    if previous.get("command"):  # a resumed sweep: every run that made the file (written again after each row)
+        done = previous["command"]
+        command = done if done.endswith(command) else f"{done}; then {command}"
     result = {"command": command, "created_at": time.strftime("%Y-%m-%d"),
               "machine": f"{platform.machine()}, {os.cpu_count()} cores", **versions,
               "timeout_s": args.timeout, "swept": f"{len(rows)} of {total}", "summary": counts,
