@@ -122,6 +122,29 @@ def test_a_two_image_model_without_inputs_is_exported_with_both_and_proven(tmp_p
     assert not np.allclose(sess.run(None, {"image1": b.numpy(), "image2": a.numpy()})[0], ref, atol=1e-3)
 
 
+def test_a_cache_the_check_runs_leave_is_computed_in_the_graph(tmp_path, cli):
+    """A head that caches a grid from its input's shape (YOLO, RT-DETR): the runs before the export leave the
+    cache of the export size, which a trace would freeze. The export sees the model as it was before any run,
+    so the first exporter's file computes the grid from its input and is proven at every size."""
+    from tests.fixtures.models import CachedGrid
+
+    out = tmp_path / "OUT"
+    proc = cli("export", f"{MODELS}:CachedGrid", "-o", str(out), "-d", "batch=1..4", "-d", "height=8..64",
+               "-d", "width=8..64")
+    assert proc.returncode == 0, proc.stderr
+    rep = load_report(out)
+    assert rep["export"]["exporter"] == "dynamo"
+    assert not {"export-retried", "control-flow-frozen"} & {d["code"] for d in rep["diagnostics"]}
+    torch.manual_seed(0)
+    model = CachedGrid().eval()
+    sess = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    for shape in ((1, 3, 16, 24), (3, 3, 40, 8)):
+        x = torch.randn(*shape)
+        with torch.inference_mode():
+            ref = model(x).numpy()
+        np.testing.assert_allclose(sess.run(None, {"x": x.numpy()})[0], ref, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.slow
 def test_minilm_directory_without_inputs(tmp_path, minilm_dir, cli):
     out = tmp_path / "OUT"

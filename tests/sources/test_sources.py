@@ -877,3 +877,14 @@ def test_hf_architecture_no_class_is_named(bert_dir, tmp_path):
     found = [x for x in lm.diagnostics if x.code == "architecture-unknown"]
     assert lm.name == "BertModel" and found and "NoSuchModelClass" in found[0].message
     assert not [x for x in load_model(f"hf:{bert_dir}").diagnostics if x.code == "architecture-unknown"]
+
+
+def test_the_model_as_found_drops_what_its_runs_cached_and_keeps_its_weights():
+
+    lm = load_model(f"{MODELS}:CachedGrid")  # the example run at the export size cached its grid
+    model = lm.model
+    assert model.shape is not None and hasattr(model, "grid")
+    weight = model.conv.weight
+    lm.flat.as_found()
+    assert model.shape is None and not hasattr(model, "grid") and not model.training
+    assert model.conv.weight is weight

@@ -135,6 +135,10 @@ def _identifier(name: str, i: int) -> str:
     return name if ok else f"arg{i}"
 
 
+_KEPT = {"_parameters", "_buffers", "_modules", "training"}  # what as_found never touches
+_MISSING = object()
+
+
 class _FlatBase(nn.Module):
     """Calls the user's model with bound inputs and returns its tensors as a flat tuple."""
 
@@ -142,6 +146,20 @@ class _FlatBase(nn.Module):
         super().__init__()
         self.model = model
         self._binding = binding
+        self._found = [(m, {k: v for k, v in vars(m).items() if k not in _KEPT}) for m in model.modules()]
+
+    def as_found(self) -> None:
+        """Each module's attributes as they were before any run: a forward that caches what it computed from
+        the input's shape (anchors, grids: ``if self.shape != shape: self.anchors = ...``) would otherwise hand
+        an export the cache of the last check run as a constant, where a first forward computes it in the graph.
+        Parameters, buffers and submodules are left as they are."""
+        for m, before in self._found:
+            now = vars(m)
+            for k in [k for k in now if k not in before and k not in _KEPT]:
+                del now[k]
+            for k, v in before.items():
+                if now.get(k, _MISSING) is not v:
+                    now[k] = v
 
     def train(self, mode: bool = True) -> _FlatBase:
         """Keep the wrapper and the user's model in the same mode (exporters toggle it and restore it)."""
