@@ -162,30 +162,34 @@ def test_zero_initialised_heads_of_a_named_model_get_random_weights_said_in_a_no
     assert lively(torchvision.models.get_model("resnet18", weights=None)) == ()
 
 
-def _vanishing(depth: int = 12) -> nn.Module:
+def _vanishing(depth: int = 12, std: float = 0.01) -> nn.Module:
     """GoogLeNet's kind of random weights: std 0.01 convolutions with biases, so by the last layer the output is
-    the biases' alone, one for every input."""
+    the biases' alone, one for every input (std 1: Inception v3's kind, activations growing layer by layer)."""
     torch.manual_seed(0)
     layers: list[nn.Module] = []
     for i in range(depth):
         conv = nn.Conv2d(3 if i == 0 else 8, 8, 3, padding=1)
-        nn.init.normal_(conv.weight, std=0.01)
+        nn.init.normal_(conv.weight, std=std)
         nn.init.constant_(conv.bias, 0.1)
         layers += [conv, nn.ReLU()]
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4)).eval()
 
 
 def test_random_weights_that_give_one_output_for_every_input_are_woken_with_a_note():
-    from onnxport.sources.vision import awake, responds
+    from onnxport.sources.vision import awake, unlike
 
     spec = [InputSpec("image", "float32", ("batch", 3, "height", "width"))]
     dims = {"batch": Dim("batch", 1, 4, 2), "height": Dim("height", 8, 32, 16), "width": Dim("width", 8, 32, 16)}
     lm = finish("x", "vanishing", "torchvision", _vanishing(), spec, [], Finishing(defaults=dims, built_here=True))
-    assert not responds(lm)
+    assert unlike(lm) == "the same for every input"
     woken = awake(lm)
-    assert responds(woken)
+    assert unlike(woken) is None
     (note,) = [d for d in woken.diagnostics if d.code == "random-weights-lively"]
     assert "same for every input" in note.message
     healthy = finish("x", "healthy", "torchvision", _vanishing(depth=1), spec, [],
                      Finishing(defaults=dims, built_here=True))
-    assert responds(healthy) and awake(healthy) is healthy
+    assert unlike(healthy) is None and awake(healthy) is healthy
+    loud = finish("x", "loud", "torchvision", _vanishing(std=1.0), spec, [], Finishing(defaults=dims, built_here=True))
+    assert unlike(loud).startswith("as large as")
+    woken = awake(loud)
+    assert unlike(woken) is None and [d for d in woken.diagnostics if d.code == "random-weights-lively"]

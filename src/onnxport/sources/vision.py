@@ -128,41 +128,52 @@ def lively(model: nn.Module) -> tuple[Diagnostic, ...]:
 _LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
-def responds(lm: LoadedModel) -> bool:
-    """Whether the model's outputs differ between two random inputs at the export sizes (shapes, or values by
-    more than 1e-4 of their magnitude and 1e-6): random weights a library scales for training (GoogLeNet's std 0.01
-    makes every activation vanish by the last layer) can give one output whatever the input."""
+LOUD = 1e4  # outputs beyond this with random weights: activations that grew layer by layer (Inception's std 0.1)
+
+
+def unlike(lm: LoadedModel) -> str | None:
+    """Why random weights make outputs no proof can judge, else None: the same for two random inputs at the
+    export sizes (by shapes, or values within 1e-4 of their magnitude and 1e-6; GoogLeNet's std-0.01 layers make
+    every activation vanish by the last one), or over :data:`LOUD` (activations that grew layer by layer: float32
+    rounding then changes the answer itself, so PyTorch and any file differ by more than any tolerance)."""
     sizes = export_sizes(lm.dims)
     with torch.inference_mode():
         a, b = (lm.flat(*make_inputs(lm.inputs, sizes, seed=seed)) for seed in (0, 1))
+    floats = [x for x in a if x.is_floating_point() and x.numel()]
+    loudest = max((float(x.abs().max()) for x in floats), default=0.0)
+    if loudest > LOUD:
+        return f"as large as {loudest:.1e}"
     for x, y in zip(a, b):
         if x.shape != y.shape:
-            return True
+            return None
         if x.numel() and not x.is_floating_point() and not torch.equal(x, y):
-            return True
+            return None
         if x.numel() and x.is_floating_point():
             scale = float(x.abs().max()) or 1.0
             if float((x.double() - y.double()).abs().max()) > max(1e-4 * scale, 1e-6):
-                return True
-    return False
+                return None
+    return "the same for every input"
 
 
 def awake(lm: LoadedModel) -> LoadedModel:
-    """``lm`` whose outputs depend on its inputs: when they do not with the library's random initialisation,
-    every Linear and convolution gets He's initialisation (seeded; it keeps the activations' scale), said in a
-    ``random-weights-lively`` note; a model that still gives one output for every input stays as it is (its
-    proof says it cannot tell). For ``torchvision:``/``timm:`` names only: the user's weights are never touched."""
-    if responds(lm):
+    """``lm`` whose outputs a proof can judge: when the library's random initialisation makes them
+    :func:`unlike` (scaled for training; trained weights replace it), every Linear and convolution gets He's
+    initialisation (seeded; it keeps the activations' scale from layer to layer), said in a
+    ``random-weights-lively`` note; a model still unlike stays as it is (its proof says why). For
+    ``torchvision:``/``timm:`` names only: the user's weights are never touched."""
+    why = unlike(lm)
+    if why is None:
         return lm
     torch.manual_seed(0)
     for m in lm.model.modules():
         if isinstance(m, _LAYERS):
             nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
-    if not responds(lm):
+    if unlike(lm) is not None:
         return lm
-    note = info("random-weights-lively", "the outputs were the same for every input with the library's random "
-                "initialisation (scaled for training: trained weights replace it), so every Linear and convolution "
-                "got a variance-keeping random initialisation (He, fan in), and the proof can tell a right file from a wrong one")
+    note = info("random-weights-lively", f"with the library's random initialisation (scaled for training: trained "
+                f"weights replace it) the outputs were {why}, so every Linear and convolution got a "
+                "variance-keeping random initialisation (He, fan in), and the proof can tell a right file from a "
+                "wrong one")
     return dataclasses.replace(lm, diagnostics=(*lm.diagnostics, note))
 
 
