@@ -409,3 +409,15 @@ def test_the_float64_run_widens_what_forward_narrows_and_gives_the_model_back(tm
     assert np.abs(wide[0][1] - before[1]).max() < 1e-5  # the row float32 computes exactly agrees
     assert next(loaded.model.parameters()).dtype == torch.float32 and torch.get_default_dtype() == torch.float32
     assert np.array_equal(torch_outputs(loaded, x)[0], before)  # the model is given back bit for bit
+
+
+def test_no_float64_run_past_its_work_limit(monkeypatch):
+    import torch
+
+    from onnxport.prove import conditioning
+
+    loaded = _loaded(em.CancelledRowNarrowing(), ["x:float32[2,8]"], [])
+    x = (torch.randn(2, 8),)
+    assert conditioning.float64_outputs(loaded, x) is not None
+    monkeypatch.setattr(conditioning, "MAX_WORK", loaded.parameters * 16 - 1)  # 16 input elements: one over
+    assert conditioning.float64_outputs(loaded, x) is None

@@ -67,7 +67,7 @@ def applied(loaded: LoadedModel, exporter: str) -> Iterator[list[Diagnostic]]:
     """The patches whose target is in ``loaded`` applied for one export by ``exporter`` (its base: "dynamo" or
     "torchscript"), the model's attributes first put back as they were before any run (``as_found``); yields the
     diagnostics that record them (info, code ``export-patch``)."""
-    as_found = getattr(loaded.flat, "as_found", None)
+    as_found = getattr(getattr(loaded, "flat", None), "as_found", None)
     if as_found is not None:  # the check runs' caches dropped: the export computes them from its inputs
         as_found()
     with contextlib.ExitStack() as stack:

@@ -21,13 +21,17 @@ from onnxport.prove.references import as_numpy
 from onnxport.sources.base import LoadedModel
 
 MAX_PARAMETERS = 100_000_000  # widened to float64 for a call: 8 bytes per parameter while it runs
+MAX_WORK = 5e13  # parameters x input elements: past it float64 (no fast kernels on CPU) takes minutes per case
 
 
 def float64_outputs(loaded: LoadedModel, inputs: tuple[torch.Tensor, ...]) -> list[np.ndarray] | None:
     """The model's outputs computed in float64 (its float parameters and buffers widened for the call and given
     back as they were, float inputs widened); None for a model over :data:`MAX_PARAMETERS` or one that does not
-    run in float64 (float32 tensors made inside forward, …)."""
+    run in float64 (float32 tensors made inside forward, …), or whose parameters times input elements pass
+    :data:`MAX_WORK` (an Inception v3 at batch 16 and 512 x 512: tens of minutes in float64 on one core)."""
     if loaded.parameters > MAX_PARAMETERS or not any(t.is_floating_point() for t in inputs):
+        return None
+    if loaded.parameters * sum(t.numel() for t in inputs) > MAX_WORK:
         return None
     tensors = [t for t in (*loaded.flat.parameters(), *loaded.flat.buffers()) if t.is_floating_point()]
     kept = [t.data for t in tensors]
