@@ -193,3 +193,8 @@ def test_random_weights_that_give_one_output_for_every_input_are_woken_with_a_no
     assert unlike(loud).startswith("as large as")
     woken = awake(loud)
     assert unlike(woken) is None and [d for d in woken.diagnostics if d.code == "random-weights-lively"]
+    biased = _vanishing(depth=1)
+    nn.init.constant_(biased[-1].bias, 1e6)  # as loud with any weights: its own given back
+    stuck = finish("x", "stuck", "torchvision", biased, spec, [], Finishing(defaults=dims, built_here=True))
+    before = [p.detach().clone() for p in stuck.model.parameters()]
+    assert awake(stuck) is stuck and all(torch.equal(a, b) for a, b in zip(before, stuck.model.parameters()))

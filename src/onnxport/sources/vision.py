@@ -159,16 +159,20 @@ def awake(lm: LoadedModel) -> LoadedModel:
     """``lm`` whose outputs a proof can judge: when the library's random initialisation makes them
     :func:`unlike` (scaled for training; trained weights replace it), every Linear and convolution gets He's
     initialisation (seeded; it keeps the activations' scale from layer to layer), said in a
-    ``random-weights-lively`` note; a model still unlike stays as it is (its proof says why). For
+    ``random-weights-lively`` note; a model still unlike gets the library's weights back (its proof says why). For
     ``torchvision:``/``timm:`` names only: the user's weights are never touched."""
     why = unlike(lm)
     if why is None:
         return lm
+    layers = [m for m in lm.model.modules() if isinstance(m, _LAYERS)]
+    kept = [m.weight.detach().clone() for m in layers]
     torch.manual_seed(0)
-    for m in lm.model.modules():
-        if isinstance(m, _LAYERS):
-            nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
-    if unlike(lm) is not None:
+    for m in layers:
+        nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
+    if unlike(lm) is not None:  # no better (ConvMixer's residual sums grow either way): the library's weights back
+        with torch.no_grad():
+            for m, w in zip(layers, kept):
+                m.weight.copy_(w)
         return lm
     note = info("random-weights-lively", f"with the library's random initialisation (scaled for training: trained "
                 f"weights replace it) the outputs were {why}, so every Linear and convolution got a "
