@@ -154,3 +154,17 @@ def test_only_a_pool_whose_windows_depend_on_the_input_size_is_patched(size, pat
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(size))
     with patches.applied(_loaded(model), "torchscript") as diags:
         assert [d.code for d in diags] == (["export-patch"] if patched else [])
+
+
+def test_the_model_is_as_found_before_and_after_each_export():
+    """What the check runs cached is dropped before an export, and what the export cached (traced or fake
+    tensors) never reaches a later run."""
+    from onnxport.api import load_model
+    from tests.conftest import MODELS
+
+    lm = load_model(f"{MODELS}:CachedGrid")
+    assert lm.model.shape is not None  # the example run's cache
+    with patches.applied(lm, "dynamo"):
+        assert lm.model.shape is None and not hasattr(lm.model, "grid")
+        lm.model.shape, lm.model.grid = (1,), "a fake tensor"
+    assert lm.model.shape is None and not hasattr(lm.model, "grid")

@@ -65,12 +65,14 @@ def applicable(model: nn.Module, exporter: str) -> list[Patch]:
 @contextlib.contextmanager
 def applied(loaded: LoadedModel, exporter: str) -> Iterator[list[Diagnostic]]:
     """The patches whose target is in ``loaded`` applied for one export by ``exporter`` (its base: "dynamo" or
-    "torchscript"), the model's attributes first put back as they were before any run (``as_found``); yields the
-    diagnostics that record them (info, code ``export-patch``)."""
-    as_found = getattr(getattr(loaded, "flat", None), "as_found", None)
-    if as_found is not None:  # the check runs' caches dropped: the export computes them from its inputs
-        as_found()
+    "torchscript"), the model's attributes put back as they were before any run (``as_found``) before it (the
+    check runs' caches dropped: the export computes them from its inputs) and after it (what the export cached,
+    traced or fake tensors, never reaches a later run); yields the diagnostics that record them (info, code
+    ``export-patch``)."""
+    as_found = getattr(getattr(loaded, "flat", None), "as_found", None) or (lambda: None)
+    as_found()
     with contextlib.ExitStack() as stack:
+        stack.callback(as_found)
         diags = []
         for patch in applicable(loaded.model, exporter):
             stack.enter_context(_replaced(patch))
