@@ -193,6 +193,13 @@ def test_random_weights_that_give_one_output_for_every_input_are_woken_with_a_no
     assert unlike(loud).startswith("as large as")
     woken = awake(loud)
     assert unlike(woken) is None and [d for d in woken.diagnostics if d.code == "random-weights-lively"]
+    torch.manual_seed(0)
+    head = nn.Linear(8, 5)
+    nn.init.normal_(head.weight, std=1e-12)
+    nn.init.zeros_(head.bias)  # every score 1/5 to float32's precision: tied, as SSDlite's random head ties them
+    tied = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), head, nn.Softmax(-1))
+    tied_lm = finish("x", "tied", "torchvision", tied.eval(), spec, [], Finishing(defaults=dims, built_here=True))
+    assert unlike(tied_lm).startswith("one value throughout") and unlike(awake(tied_lm)) is None
     biased = _vanishing(depth=1)
     nn.init.constant_(biased[-1].bias, 1e6)  # as loud with any weights: its own given back
     stuck = finish("x", "stuck", "torchvision", biased, spec, [], Finishing(defaults=dims, built_here=True))

@@ -134,7 +134,8 @@ LOUD = 1e4  # outputs beyond this with random weights: activations that grew lay
 def unlike(lm: LoadedModel) -> str | None:
     """Why random weights make outputs no proof can judge, else None: the same for two random inputs at the
     export sizes (by shapes, or values within 1e-4 of their magnitude and 1e-6; GoogLeNet's std-0.01 layers make
-    every activation vanish by the last one), or over :data:`LOUD` (activations that grew layer by layer: float32
+    every activation vanish by the last one), an output holding one value throughout for both (SSDlite's tied
+    scores), or over :data:`LOUD` (activations that grew layer by layer: float32
     rounding then changes the answer itself, so PyTorch and any file differ by more than any tolerance)."""
     sizes = export_sizes(lm.dims)
     with torch.inference_mode():
@@ -143,6 +144,10 @@ def unlike(lm: LoadedModel) -> str | None:
     loudest = max((float(x.abs().max()) for x in floats), default=0.0)
     if loudest > LOUD:
         return f"as large as {loudest:.1e}"
+    for x, y in zip(a, b):
+        if x.is_floating_point() and x.numel() > 1 and bool((x == x.reshape(-1)[0]).all()) \
+                and bool((y == y.reshape(-1)[0]).all()):
+            return "one value throughout (tied scores: no order to compare)"
     for x, y in zip(a, b):
         if x.shape != y.shape:
             return None
