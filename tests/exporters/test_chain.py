@@ -129,6 +129,49 @@ def test_dims_torch_export_refuses_for_a_relation_are_exported_with_auto_and_pro
     assert compare(loaded, res.path).passed
 
 
+def test_an_auto_retry_past_its_cpu_limit_reports_the_first_refusal(tmp_path, monkeypatch):
+    """Swin's padding sends torch.export's shape reasoning into many minutes with Dim.AUTO: the retry stops at its
+    CPU limit and the strategy fails with the first refusal, so the chain goes on to the next exporter."""
+    import time
+
+    import torch
+
+    from onnxport.core.errors import ExportFailed
+    from onnxport.exporters import strategies
+
+    loaded = load_model(f"{FIXTURES}/constrained.py:Windows", inputs=["x:float32[batch,3,height,width]"],
+                        dims=["batch=1..3", "height=8,16,24", "width=8,16"])
+
+    def refusing(*args, dynamic_shapes=None, **kw):
+        if all(type(v).__name__ == "_DimHint" for axes in dynamic_shapes or () for v in (axes or {}).values()):
+            start = time.process_time()
+            while time.process_time() - start < 30:  # torch.export thinking; the limit stops it
+                pass
+            raise AssertionError("the limit did not stop the retry")
+        raise RuntimeError("Failed to export") from AssertionError("Cannot create Dim with inconsistent min=2, max=2")
+
+    monkeypatch.setattr(torch.onnx, "export", refusing)
+    monkeypatch.setattr(strategies, "AUTO_CPU_LIMIT", 0.5)
+    with pytest.raises(ExportFailed) as ei:
+        export(loaded, tmp_path / "m.onnx", exporter="dynamo")
+    assert "Failed to export" in ei.value.message and "did not stop" not in ei.value.message
+
+
+def test_cpu_limit_stops_a_busy_block_and_leaves_no_timer():
+    import signal
+    import time
+
+    from onnxport.core.signals import OverCpuLimit, cpu_limit
+
+    with pytest.raises(OverCpuLimit, match="stopped after 0 CPU seconds"), cpu_limit(0.2):
+        start = time.process_time()
+        while time.process_time() - start < 10:
+            pass
+    assert signal.getitimer(signal.ITIMER_PROF) == (0.0, 0.0)
+    with cpu_limit(5):
+        pass
+
+
 def test_dims_refused_is_a_relation_only():
     from onnxport.exporters.strategies import dims_refused
 

@@ -7,8 +7,10 @@ A library that swallows the exception (some exporter paths catch everything) can
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
+from collections.abc import Iterator
 
 _pending: int | None = None
 
@@ -64,3 +66,28 @@ def settle() -> None:
         return
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+
+
+class OverCpuLimit(Exception):
+    """A step passed its CPU-time limit (:func:`cpu_limit`)."""
+
+
+@contextlib.contextmanager
+def cpu_limit(seconds: float) -> Iterator[None]:
+    """Raise :class:`OverCpuLimit` in the main thread once the process has spent ``seconds`` of CPU time inside
+    the block (again every 5 CPU seconds after, should a library swallow it); no limit off the main thread or
+    where the platform has no profiling timer."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def over(signum: int, frame: object) -> None:
+        raise OverCpuLimit(f"stopped after {seconds:.0f} CPU seconds")
+
+    previous = signal.signal(signal.SIGPROF, over)
+    signal.setitimer(signal.ITIMER_PROF, seconds, 5.0)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)

@@ -19,6 +19,7 @@ import torch
 
 from onnxport.core.diagnostics import Diagnostic, info, warning
 from onnxport.core.onnxfile import save_model
+from onnxport.core.signals import cpu_limit
 from onnxport.core.options import CONTROL_FLOW_EXPORTERS, EXPORTER_CHOICES, PLAIN_EXPORTERS
 from onnxport.core.samples import export_sizes, make_inputs
 from onnxport.core.spec import Dim
@@ -32,6 +33,7 @@ CHOICES = EXPORTER_CHOICES
 
 
 RESIZED = "dynamo-resized"
+AUTO_CPU_LIMIT = 90.0  # the Dim.AUTO retry's CPU seconds: torch.export's shape reasoning on Swin's padding takes many minutes
 """The dynamo exporter again at other example sizes (:func:`resized_sizes`; tried by auto, never chosen by name)."""
 
 
@@ -129,8 +131,9 @@ def _export_dynamo(loaded: LoadedModel, path: Path, opset: int, external: bool, 
                 if refused is None:
                     raise
                 try:
-                    program = run(auto=True)  # torch.export derives the relations between sizes itself
-                except Exception:  # noqa: BLE001 - the first refusal is the one to report
+                    with cpu_limit(AUTO_CPU_LIMIT):  # torch.export derives the relations between sizes itself
+                        program = run(auto=True)
+                except Exception:  # noqa: BLE001 - the first refusal is the one to report (or the limit passed)
                     raise e from None
                 notes.append(info("dynamo-dims-auto", f"torch.export refused the declared dims ({refused}); "
                                   "exported with Dim.AUTO, torch.export deriving the relations between sizes "
