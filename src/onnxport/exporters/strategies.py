@@ -19,9 +19,9 @@ import torch
 
 from onnxport.core.diagnostics import Diagnostic, info, warning
 from onnxport.core.onnxfile import save_model
-from onnxport.core.signals import cpu_limit
 from onnxport.core.options import CONTROL_FLOW_EXPORTERS, EXPORTER_CHOICES, PLAIN_EXPORTERS
 from onnxport.core.samples import export_sizes, make_inputs
+from onnxport.core.signals import cpu_limit
 from onnxport.core.spec import Dim
 from onnxport.exporters import controlflow, functions, packed
 from onnxport.sources.base import LoadedModel
