@@ -294,15 +294,16 @@ def main() -> None:
     todo = [n for n in known if not args.only or n in args.only] + [n for n in args.only if n not in known]
     todo = todo[::args.stride][::-1 if args.reverse else 1]
     rows = []
-    if args.resume and args.out.is_file():  # keep what was swept; an --only model is swept again
+    if args.resume and args.out.is_file():  # keep what was swept (an --only model's row until its new one)
         rows = [r for r in json.loads(args.out.read_text(encoding="utf-8"))["models"]
-                if r["name"] not in args.only and (r["name"] in known or r["name"] in todo)]  # no longer picked: gone
-    done = {r["name"] for r in rows}
+                if r["name"] in known or r["name"] in todo]  # no longer picked: gone
+    done = {r["name"] for r in rows} - set(args.only)
     work = Path(tempfile.mkdtemp(prefix="catalogue-"))
     try:
         for name in [n for n in todo if n not in done]:
-            rows.append(one(args.library, name, work, args.timeout, args.max_params, int(args.max_gib * 2**30)))
-            print(json.dumps(rows[-1]), flush=True)
+            row = one(args.library, name, work, args.timeout, args.max_params, int(args.max_gib * 2**30))
+            rows = [r for r in rows if r["name"] != name] + [row]
+            print(json.dumps(row), flush=True)
             write(args, rows, len(known))
     finally:
         shutil.rmtree(work, ignore_errors=True)

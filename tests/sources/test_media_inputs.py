@@ -175,6 +175,35 @@ def _vanishing(depth: int = 12, std: float = 0.01) -> nn.Module:
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4)).eval()
 
 
+class _Residual(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.norm(self.conv(x))
+
+
+def test_residual_sums_that_grow_with_any_weights_get_measured_batch_norms():
+    """ResNet-101's kind: each block adds to the sum, so with batch norms at their initial statistics the outputs
+    grow past 1e4 whatever the weights; statistics measured on a random batch normalise each block's term."""
+    from onnxport.sources.vision import awake, unlike
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), *[_Residual() for _ in range(40)]).eval()
+    for m in net.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.normal_(m.weight, std=1.0)
+    spec = [InputSpec("image", "float32", ("batch", 3, "height", "width"))]
+    dims = {"batch": Dim("batch", 1, 4, 2), "height": Dim("height", 8, 32, 16), "width": Dim("width", 8, 32, 16)}
+    lm = finish("x", "residual", "torchvision", net, spec, [], Finishing(defaults=dims, built_here=True))
+    assert unlike(lm).startswith("as large as")
+    woken = awake(lm)
+    assert unlike(woken) is None and not net.training and not any(m.training for m in net.modules())
+    (note,) = [d for d in woken.diagnostics if d.code == "random-weights-lively"]
+    assert "batch norms got the statistics of a random batch" in note.message
+
+
 def test_random_weights_that_give_one_output_for_every_input_are_woken_with_a_note():
     from onnxport.sources.vision import awake, unlike
 

@@ -174,16 +174,49 @@ def awake(lm: LoadedModel) -> LoadedModel:
     torch.manual_seed(0)
     for m in layers:
         nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
-    if unlike(lm) is not None:  # no better (ConvMixer's residual sums grow either way): the library's weights back
-        with torch.no_grad():
+    if unlike(lm) is None:
+        how = "every Linear and convolution got a variance-keeping random initialisation (He, fan in)"
+    else:  # no better (ConvMixer's residual sums grow with any weights): the library's weights back, its batch
+        with torch.no_grad():  # norms' statistics measured instead
             for m, w in zip(layers, kept):
                 m.weight.copy_(w)
-        return lm
+        if not _calibrated(lm):
+            return lm
+        how = ("its batch norms got the statistics of a random batch (as training would give them), so each "
+               "normalises its input")
     note = info("random-weights-lively", f"with the library's random initialisation (scaled for training: trained "
-                f"weights replace it) the outputs were {why}, so every Linear and convolution got a "
-                "variance-keeping random initialisation (He, fan in), and the proof can tell a right file from a "
+                f"weights replace it) the outputs were {why}, so {how}, and the proof can tell a right file from a "
                 "wrong one")
     return dataclasses.replace(lm, diagnostics=(*lm.diagnostics, note))
+
+
+def _calibrated(lm: LoadedModel) -> bool:
+    """Whether measuring every batch norm's running statistics on one random batch at the export sizes (a residual
+    network's sums otherwise grow block by block: ResNet-101's outputs near 1e5) makes the outputs judgeable;
+    the statistics go back as they were when it does not."""
+    norms = [m for m in lm.model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    if not norms:
+        return False
+    kept = [(m.running_mean.clone(), m.running_var.clone(), m.momentum) for m in norms]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # a cumulative average: one batch sets the statistics
+        m.train()
+    try:
+        with torch.no_grad():
+            lm.flat(*make_inputs(lm.inputs, export_sizes(lm.dims), seed=2))
+    except Exception:  # noqa: BLE001 - norms that cannot run in train mode here: no statistics measured
+        pass
+    for m, (_, _, momentum) in zip(norms, kept):
+        m.eval()
+        m.momentum = momentum
+    if unlike(lm) is None:
+        return True
+    with torch.no_grad():
+        for m, (mean, var, _) in zip(norms, kept):
+            m.running_mean.copy_(mean)
+            m.running_var.copy_(var)
+    return False
 
 
 def load_torchvision(source: str, inputs: list[InputSpec], dims: list[Dim]) -> LoadedModel:
