@@ -34,7 +34,7 @@ class _Transform(nn.Module):
 
 
 def _loaded(model: nn.Module) -> SimpleNamespace:
-    return SimpleNamespace(model=model)
+    return SimpleNamespace(model=model, flat=model)
 
 
 def test_a_patch_applies_only_when_its_target_is_in_the_model():

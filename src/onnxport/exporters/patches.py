@@ -69,7 +69,7 @@ def applied(loaded: LoadedModel, exporter: str) -> Iterator[list[Diagnostic]]:
     check runs' caches dropped: the export computes them from its inputs) and after it (what the export cached,
     traced or fake tensors, never reaches a later run); yields the diagnostics that record them (info, code
     ``export-patch``)."""
-    as_found = getattr(getattr(loaded, "flat", None), "as_found", None) or (lambda: None)
+    as_found = getattr(loaded.flat, "as_found", None) or (lambda: None)  # a model that is its own flat: none
     as_found()
     with contextlib.ExitStack() as stack:
         stack.callback(as_found)

@@ -30,6 +30,7 @@ VIDEO_DIMS = {  # a clip: small by default, frames and sides widened where the w
 }
 SIZED = ("batch", "frames", "height", "width")  # default ranges narrowed for a model too costly to prove over them
 IMAGE_PARAMS = ("image", "img")  # forward parameters that each take an image (optical flow: image1, image2)
+_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)  # the layers whose random weights lively and awake reset
 
 
 def _image_inputs(channels: int, size: tuple[int, int] | None, names: tuple[str, ...] = ("image",)
@@ -113,7 +114,7 @@ def lively(model: nn.Module) -> tuple[Diagnostic, ...]:
     reset = []
     for name, m in model.named_modules():
         weight = getattr(m, "weight", None)
-        if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)) and weight is not None and weight.numel() \
+        if isinstance(m, _LAYERS) and weight is not None and weight.numel() \
                 and not weight.detach().any():
             m.reset_parameters()
             reset.append(name or type(m).__name__)
@@ -123,9 +124,6 @@ def lively(model: nn.Module) -> tuple[Diagnostic, ...]:
     return (info("random-weights-lively", f"{shown}: all-zero initial weights (replaced by trained ones in a real "
                  "checkpoint) given PyTorch's default random initialisation, so the outputs depend on the inputs "
                  "and the proof can tell a right file from a wrong one"),)
-
-
-_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
 LOUD = 1e4  # outputs beyond this with random weights: activations that grew layer by layer (Inception's std 0.1)
