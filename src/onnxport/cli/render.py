@@ -239,11 +239,12 @@ def _print_divergence(rep: dict, out: Path) -> None:
         for col in ("module", "type", "ONNX node", "op", "max abs err", ""):
             t.add_column(col)
         trace = div["trace"]
-        first_bad = next((i for i, e in enumerate(trace) if not e["passed"]), len(trace))
+        first_bad = next((i for i, e in enumerate(trace) if not e["passed"] and not e.get("fused_into")), len(trace))
         for e in trace[max(0, first_bad - 3): first_bad + 4]:
             err_ = "-" if e["max_abs_err"] is None else f"{e['max_abs_err']:.2e}"
-            t.add_row(e["module"], e["module_type"], str(e["node"]), str(e["op"]), err_,
-                      Text.from_markup("[green]✔[/]" if e["passed"] else "[red]✘[/]"))
+            mark = ("[green]✔[/]" if e["passed"] else
+                    f"[yellow]fused into {escape(e['fused_into'])}[/]" if e.get("fused_into") else "[red]✘[/]")
+            t.add_row(e["module"], e["module_type"], str(e["node"]), str(e["op"]), err_, Text.from_markup(mark))
         err.print(t)
 
 

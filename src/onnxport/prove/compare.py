@@ -128,31 +128,35 @@ def resolve(loaded: LoadedModel, declared: dict[str, str] | None = None) -> Load
 COMPARE_BLOCK = 1 << 22  # elements compared at once: float64 copies of a 16 x 21 x 512 x 512 output take gigabytes
 
 
-def compare_arrays(ref: np.ndarray, got: np.ndarray, tol: Tolerance, scale: np.ndarray | float | None = None
-                   ) -> tuple[float, float, bool]:
+def compare_arrays(ref: np.ndarray, got: np.ndarray, tol: Tolerance, scale: np.ndarray | float | None = None,
+                   floor: np.ndarray | float | None = None) -> tuple[float, float, bool]:
     """(max abs error, max relative error, passed) of ``got`` against the reference ``ref``.
 
     With ``scale`` (the output's magnitude, broadcastable to ``ref``: :func:`magnitudes`), the relative part of the
     bound is taken of ``max(|ref|, scale)`` instead of ``|ref|``: an element near zero in an output of magnitude 5
-    is allowed the rounding error of the magnitude-5 arithmetic that made it. A large output is compared in blocks
-    of rows along its first axis (the same result, a bounded number of float64 copies)."""
+    is allowed the rounding error of the magnitude-5 arithmetic that made it. ``floor`` (broadcastable to ``ref``)
+    is added to the bound: the error a float32 computation of an exact ``ref`` is allowed
+    (prove/conditioning.py). A large output is compared in blocks of rows along its first axis (the same result,
+    a bounded number of float64 copies)."""
     if ref.shape != got.shape:
         return float("inf"), float("inf"), False
     rows = ref.shape[0] if ref.ndim else 1
     if ref.size <= COMPARE_BLOCK or rows < 2:
-        return _compare_block(ref, got, tol, scale)
+        return _compare_block(ref, got, tol, scale, floor)
     step = max(1, COMPARE_BLOCK // max(1, ref.size // rows))
     sc = None if scale is None else np.asarray(scale)
+    fl = None if floor is None else np.asarray(floor)
     worst, worst_rel, ok = 0.0, 0.0, True
     for i in range(0, rows, step):
         part = None if sc is None else (sc[i:i + step] if sc.ndim and sc.shape[0] == rows else sc)
-        a, r, passed = _compare_block(ref[i:i + step], got[i:i + step], tol, part)
+        low = None if fl is None else (fl[i:i + step] if fl.ndim and fl.shape[0] == rows else fl)
+        a, r, passed = _compare_block(ref[i:i + step], got[i:i + step], tol, part, low)
         worst, worst_rel, ok = max(worst, a), max(worst_rel, r), ok and passed
     return worst, worst_rel, ok
 
 
-def _compare_block(ref: np.ndarray, got: np.ndarray, tol: Tolerance, scale: np.ndarray | float | None
-                   ) -> tuple[float, float, bool]:
+def _compare_block(ref: np.ndarray, got: np.ndarray, tol: Tolerance, scale: np.ndarray | float | None,
+                   floor: np.ndarray | float | None = None) -> tuple[float, float, bool]:
     if ref.dtype == np.bool_ or np.issubdtype(ref.dtype, np.integer):
         diff = np.abs(ref.astype(np.float64) - got.astype(np.float64))
         worst = float(diff.max()) if diff.size else 0.0
@@ -172,6 +176,8 @@ def _compare_block(ref: np.ndarray, got: np.ndarray, tol: Tolerance, scale: np.n
     bound = tol.bound(finite_r)
     if scale is not None:
         bound = np.maximum(bound, tol.bound(np.asarray(scale, dtype=np.float64)))
+    if floor is not None:
+        bound = bound + np.asarray(floor, dtype=np.float64)
     passed = bool((diff <= bound).all())
     del bound
     rel = diff / np.maximum(np.abs(finite_r), tol.atol)
@@ -203,13 +209,16 @@ def own_tolerance(ref: np.ndarray, tol: Tolerance) -> Tolerance:
 
 def judge(loaded: LoadedModel, pairs: Sequence[tuple[str, np.ndarray, np.ndarray]], tol: Tolerance, *,
           index_sources: dict[str, IndexSource] | None = None, undefined: dict[str, np.ndarray] | None = None,
-          scaled: bool = False) -> tuple[dict[str, dict], float, float, bool, list[str]]:
+          scaled: bool = False, floors: dict[str, np.ndarray] | None = None
+          ) -> tuple[dict[str, dict], float, float, bool, list[str]]:
     """Every output of one case judged by its rule: (per-output record, worst abs, worst rel, passed, problems).
 
     ``index_sources``: the integer outputs that are the indices of a topk/sort/argmax in PyTorch, judged by the
     values they pick (:func:`index_agreement`). ``undefined``: per output, the positions the inputs leave undefined
     (:func:`undefined_positions`), taken from the reference so that they are not compared. ``scaled``: the case's
     inputs were scaled up (edge values), so float outputs are judged against their magnitude (:func:`magnitudes`).
+    ``floors``: per output, an error allowed on top of the tolerance (its rows judged against float64:
+    prove/conditioning.py).
     """
     per_out: dict[str, dict] = {}
     worst_abs = worst_rel = 0.0
@@ -226,7 +235,8 @@ def judge(loaded: LoadedModel, pairs: Sequence[tuple[str, np.ndarray, np.ndarray
         kind = "detections" if name in grouped else loaded.compare.get(name, "exact")
         scale = magnitudes(r) if scaled and kind == "exact" and r.shape == g.shape else None
         own = own_tolerance(r, tol)
-        a, rel, passed = compare_arrays(r, g, own, scale) if r.shape == g.shape else (float("inf"), float("inf"), False)
+        a, rel, passed = compare_arrays(r, g, own, scale, (floors or {}).get(name)) if r.shape == g.shape \
+            else (float("inf"), float("inf"), False)
         rec = {"shape": list(r.shape), "onnx_shape": list(g.shape), "max_abs_err": finite(a),
                "max_rel_err": finite(rel), "passed": passed}
         if own != tol:

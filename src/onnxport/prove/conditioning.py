@@ -1,34 +1,40 @@
-"""Rows that float32 arithmetic cannot decide: PyTorch's own float32 answer is outside the tolerance of the exact
-(float64) answer, so comparing onnxruntime with it at that tolerance says nothing about the export.
+"""Failing cases looked at against the exact (float64) answer: PyTorch's own float32 answer is off it by its
+rounding error, so comparing onnxruntime with PyTorch at a tolerance below that error says nothing about the
+export.
 
-Seen on degenerate inputs only: an all-zero latent entering a UNet makes every channel constant, each GroupNorm
-of one channel per group then divides rounding noise by sqrt(eps), and the output of that row is noise in any
-float32 implementation (PyTorch 0.16 from float64, onnxruntime 1.26, on outputs of magnitude ~1). Such rows are
-left out of the comparison of a failing case and counted (``float32_unreliable_rows``); a case whose every row
-is so stays failed, and a case judged this way proves no dim (:attr:`CaseResult.scaled`).
+Two kinds of rows come out of it (:func:`against_exact`). Deep stacks (ResNet-101 with random weights) end
+PyTorch's float32 1.6e-4 from float64 on elements near zero, over the default atol, on outputs of magnitude 2:
+such rows are judged against float64 instead, allowed twice PyTorch's own error (``compared_with: float64``);
+a case judged so proves its dims like any other. Degenerate inputs make a row noise in any float32
+implementation: an all-zero latent entering a UNet makes every channel constant, each GroupNorm of one channel
+per group then divides rounding noise by sqrt(eps) (PyTorch 0.16 from float64, onnxruntime 1.26, on outputs of
+magnitude ~1). Such rows are left out of the comparison and counted (``float32_unreliable_rows``); a case whose
+every row is so stays failed, and a case with rows left out proves no dim (:attr:`CaseResult.scaled`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from onnxport.core.records import Tolerance
-from onnxport.prove.compare import compare_arrays, magnitudes, own_tolerance
+from onnxport.prove.compare import own_tolerance
 from onnxport.prove.references import as_numpy
 from onnxport.sources.base import LoadedModel
 
 MAX_PARAMETERS = 100_000_000  # widened to float64 for a call: 8 bytes per parameter while it runs
-MAX_WORK = 5e13  # parameters x input elements: past it float64 (no fast kernels on CPU) takes minutes per case
+MAX_WORK = 2e14  # parameters x input elements: past it float64 (no fast kernels on CPU) takes minutes per case
 
 
 def float64_outputs(loaded: LoadedModel, inputs: tuple[torch.Tensor, ...]) -> list[np.ndarray] | None:
     """The model's outputs computed in float64 (its float parameters and buffers widened for the call and given
     back as they were, float inputs widened); None for a model over :data:`MAX_PARAMETERS` or one that does not
     run in float64 (float32 tensors made inside forward, …), or whose parameters times input elements pass
-    :data:`MAX_WORK` (an Inception v3 at batch 16 and 512 x 512: tens of minutes in float64 on one core)."""
+    :data:`MAX_WORK` (an Inception v3 at batch 16 and 512 x 512: tens of minutes in float64 on one core; a ResNet-101 at batch
+    4 and 512 x 512, 1.4e14, takes 9 s)."""
     if loaded.parameters > MAX_PARAMETERS or not any(t.is_floating_point() for t in inputs):
         return None
     if loaded.parameters * sum(t.numel() for t in inputs) > MAX_WORK:
@@ -64,29 +70,65 @@ def _widened(module, args, kwargs):
     return torch.utils._pytree.tree_map(wide, args), torch.utils._pytree.tree_map(wide, kwargs)
 
 
-def unreliable_rows(loaded: LoadedModel, inputs: tuple[torch.Tensor, ...],
-                    pairs: Sequence[tuple[str, np.ndarray, np.ndarray]], failed: set[str], tol: Tolerance,
-                    scaled: bool) -> dict[str, np.ndarray]:
-    """Per failing float output (``failed``), a mask of its rows (first axis, broadcastable to the output) whose
-    float32 PyTorch value is itself outside ``tol`` of the float64 value; only outputs where some rows stay
-    decidable (a case must still prove something)."""
-    wanted = [(n, r) for n, r, _ in pairs if n in failed and np.issubdtype(r.dtype, np.floating) and r.ndim >= 1
-              and len(r) > 1]
+NOISE_TIMES = 2.0  # a row judged against float64 is allowed twice PyTorch's own float32 error there
+ILL_CONDITIONED = 1e-3  # PyTorch's float32 error past this share of the row's magnitude: the row is noise
+
+
+@dataclass(frozen=True)
+class AgainstExact:
+    """A failing case's float outputs looked at against the float64 answer (:func:`against_exact`).
+
+    ``undecidable``: per output, a mask of the rows (broadcastable to it) where PyTorch's own float32 error passes
+    :data:`ILL_CONDITIONED` of the row's magnitude: noise in any float32 implementation, left out. ``exact``: the
+    float64 answer of each output compared with it instead of PyTorch's float32 one, ``floors`` the error allowed
+    at each of its rows on top of the tolerance (:data:`NOISE_TIMES` PyTorch's own float32 error there) and
+    ``noise`` PyTorch's largest float32 error on the output."""
+
+    undecidable: dict[str, np.ndarray] = field(default_factory=dict)
+    exact: dict[str, np.ndarray] = field(default_factory=dict)
+    floors: dict[str, np.ndarray] = field(default_factory=dict)
+    noise: dict[str, float] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.undecidable or self.exact)
+
+
+def _rows(a: np.ndarray) -> np.ndarray:
+    return a.reshape(a.shape[0], -1) if a.ndim >= 1 and a.shape[0] else a.reshape(1, -1)
+
+
+def against_exact(loaded: LoadedModel, inputs: tuple[torch.Tensor, ...],
+                  pairs: Sequence[tuple[str, np.ndarray, np.ndarray]], failed: set[str], tol: Tolerance
+                  ) -> AgainstExact:
+    """The failing float outputs (``failed``) of one case, against the model's float64 answer.
+
+    PyTorch's float32 answer is itself off the exact one by its rounding error, which grows with depth: ResNet-101
+    with random weights ends up to 1.6e-4 from float64 on elements near zero (atol 1e-4), and onnxruntime's file
+    up to 1.4e-4, as right as PyTorch, yet the two differ by 2.2e-4. So a failing output is judged against
+    float64 instead, each row allowed :data:`NOISE_TIMES` PyTorch's own error there on top of ``tol``; rows where
+    that error passes :data:`ILL_CONDITIONED` of the row's magnitude are noise in any float32 implementation and
+    left out, and only while some rows stay (a case must still prove something)."""
+    wanted = [(n, r) for n, r, _ in pairs if n in failed and np.issubdtype(r.dtype, np.floating) and r.size]
     if not wanted:
-        return {}
-    exact = float64_outputs(loaded, inputs)
-    if exact is None or len(exact) != len(pairs):
-        return {}
-    by_name = {n: e for (n, _, _), e in zip(pairs, exact)}
-    out: dict[str, np.ndarray] = {}
+        return AgainstExact()
+    answers = float64_outputs(loaded, inputs)
+    if answers is None or len(answers) != len(pairs):
+        return AgainstExact()
+    by_name = {n: e for (n, _, _), e in zip(pairs, answers)}
+    found = AgainstExact()
     for name, r in wanted:
         e = by_name[name]
         if e.shape != r.shape:
             continue
-        scale = magnitudes(e) if scaled else None
-        own = own_tolerance(e, tol)
-        rows = np.array([not compare_arrays(e[i], r[i], own, None if scale is None else scale[i])[2]
-                         for i in range(len(r))])
-        if rows.any() and not rows.all():
-            out[name] = rows.reshape((-1,) + (1,) * (r.ndim - 1))
-    return out
+        noise = np.abs(_rows(r).astype(np.float64) - _rows(e)).max(1)
+        size = np.abs(np.nan_to_num(_rows(e), nan=0.0, posinf=0.0, neginf=0.0)).max(1)
+        noisy = ~(noise <= ILL_CONDITIONED * np.maximum(size, own_tolerance(e, tol).atol))  # NaN noise: noisy
+        if noisy.all():
+            continue
+        shape = (-1,) + (1,) * (r.ndim - 1) if r.ndim >= 1 else ()
+        if noisy.any():
+            found.undecidable[name] = noisy.reshape(shape)
+        found.exact[name] = e
+        found.floors[name] = (NOISE_TIMES * np.where(noisy, 0.0, noise)).reshape(shape)
+        found.noise[name] = float(noise[~noisy].max())
+    return found

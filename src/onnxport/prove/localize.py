@@ -152,7 +152,7 @@ def find(loaded: LoadedModel, onnx_path: str | Path, case: Case, tolerance: Tole
             last_in_scope[".".join(parts[:i])] = name  # producer order is topological: the last one wins
             in_scope.setdefault(".".join(parts[:i]), []).append(name)
     trace: list[dict] = []
-    divergence: Divergence | None = None
+    matched: list[tuple[str, str, dict, float]] = []
     for path_, cls, ref in records:
         cand = last_in_scope.get(path_)
         method = "metadata"
@@ -174,11 +174,32 @@ def find(loaded: LoadedModel, onnx_path: str | Path, case: Case, tolerance: Tole
                  "op": node.op_type if node else None, "max_abs_err": err if np.isfinite(err) else None,
                  "passed": passed, "method": method}
         trace.append(entry)
-        if not passed and divergence is None:
-            divergence = Divergence(path_, cls, entry["node"], entry["op"], err, case.label, method, root=loaded.name)
+        matched.append((cand, path_, entry, err))
+    divergence = _first_divergence(matched, case, loaded.name)
     if divergence is None:
         return None
     return replace(divergence, trace=tuple(trace[:200]))
+
+
+def _holds(parent: str, path: str) -> bool:
+    """Whether module ``parent`` holds module ``path`` ('' is the model itself)."""
+    return parent == "" or path == parent or path.startswith(parent + ".")
+
+
+def _first_divergence(matched: list[tuple[str, str, dict, float]], case: Case, root: str) -> Divergence | None:
+    """The first module out of tolerance whose ONNX value is not also a later module's: a value two modules share
+    is a fusion (a batch norm folded into the convolution before it), which computes the later module's output,
+    so the earlier one is not the divergence (its entry says ``fused_into``)."""
+    for i, (cand, path, entry, err) in enumerate(matched):
+        if entry["passed"]:
+            continue
+        later = next((e["module"] for c, p, e, _ in matched[i + 1:] if c == cand and not _holds(p, path)), None)
+        if later is not None:  # a parent's output is its last child's by construction: no fusion
+            entry["fused_into"] = later
+            continue
+        return Divergence(path, entry["module_type"], entry["node"], entry["op"], err, case.label,
+                          entry["method"], root=root)
+    return None
 
 
 def _closest(values: dict[str, np.ndarray], pool: list[str], ref: np.ndarray) -> str | None:

@@ -14,11 +14,11 @@ from torch.overrides import TorchFunctionMode
 
 from onnxport.core.diagnostics import Diagnostic, error, info
 from onnxport.core.errors import UsageError
-from onnxport.core.records import FP32, CaseResult, DimCheck, Failure, ParityResult, Tolerance
+from onnxport.core.records import FP32, CaseResult, DimCheck, Failure, ParityResult, Tolerance, finite
 from onnxport.core.samples import Case, make_inputs, shapes_for, validation_cases
 from onnxport.prove.across import Across, judge_across
 from onnxport.prove.compare import IndexSource, defined, detection_params, judge, undefined_positions
-from onnxport.prove.conditioning import unreliable_rows
+from onnxport.prove.conditioning import against_exact
 from onnxport.prove.references import Refs, as_numpy, case_key, torch_outputs
 from onnxport.prove.telling import HINT, Seen, cannot_tell, summary, telling_cases
 from onnxport.runtime.feeds import FeedMap
@@ -96,6 +96,7 @@ def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | N
         ))
     diags.extend(_borderline_note(results))
     diags.extend(_unreliable_note(results))
+    diags.extend(_exact_note(results))
     for d in checks:
         if d.symbolic and not d.proven and told and any(r.passed and not r.scaled for r in results):
             diags.append(error(
@@ -162,6 +163,21 @@ def _unreliable_note(results: list[CaseResult]) -> list[Diagnostic]:
                  hint="such a case proves no dim; see docs/diagnostics.md")]
 
 
+def _exact_note(results: list[CaseResult]) -> list[Diagnostic]:
+    """Failing outputs compared with the float64 answer instead (prove/conditioning.py)."""
+    seen = [(r.label, n, o["float32_noise"]) for r in results for n, o in r.outputs.items()
+            if o.get("compared_with") == "float64"]
+    if not seen:
+        return []
+    where = ", ".join(f"{n} in '{label}' ({noise:.2g})" for label, n, noise in seen[:4])
+    more = f" and {len(seen) - 4} more" if len(seen) > 4 else ""
+    return [info("float32-noise",
+                 f"outputs off PyTorch's float32 result were compared with the float64 result instead, each row "
+                 f"allowed twice PyTorch's own float32 error there on top of the tolerance: {where}{more} "
+                 f"(PyTorch's largest error in brackets)",
+                 hint="nothing: the file is as close to the exact answer as PyTorch itself; see docs/diagnostics.md")]
+
+
 def _borderline_note(results: list[CaseResult]) -> list[Diagnostic]:
     """Detections that came and went at the score threshold, the top-k cut or an NMS tie: said, not failed."""
     seen = [(r.label, o["borderline"]) for r in results for n, o in r.outputs.items()
@@ -216,14 +232,18 @@ def _run_case(loaded: LoadedModel, sess, feed: FeedMap, case: Case, tolerance: T
         kept.append({n: (r, defined(r, np.asarray(g), undefined.get(n))) for n, r, g in pairs
                      if loaded.compare.get(n) in ACROSS})
     failing = {n for n, rec in per_out.items() if not rec["passed"] and loaded.compare.get(n, "exact") == "exact"}
-    if failing and (unreliable := unreliable_rows(loaded, inputs, pairs, failing, tolerance, scaled)):
+    if failing and (exact := against_exact(loaded, inputs, pairs, failing, tolerance)):
+        left_out = exact.undecidable
         per_out, worst_abs, worst_rel, ok, problems = judge(
-            loaded, pairs, tolerance, index_sources=sources, scaled=scaled,
-            undefined={n: np.broadcast_to(undefined.get(n, False), shape) | np.broadcast_to(unreliable.get(n, False),
+            loaded, [(n, exact.exact.get(n, r), g) for n, r, g in pairs], tolerance, index_sources=sources,
+            scaled=scaled, floors=exact.floors,
+            undefined={n: np.broadcast_to(undefined.get(n, False), shape) | np.broadcast_to(left_out.get(n, False),
                                                                                              shape)
-                       for n, r, _ in pairs if n in undefined or n in unreliable for shape in [r.shape]})
-        for n, rows in unreliable.items():
+                       for n, r, _ in pairs if n in undefined or n in left_out for shape in [r.shape]})
+        for n, rows in left_out.items():
             per_out[n]["float32_unreliable_rows"] = [int(i) for i in np.flatnonzero(rows)]
+        for n, noise in exact.noise.items():
+            per_out[n].update(compared_with="float64", float32_noise=finite(noise))
     return CaseResult(case.label, shapes, case.values, worst_abs, worst_rel, ok, "; ".join(problems) or None,
                       per_out, time.perf_counter() - t0, failure=None if ok else Failure.MISMATCH)
 
