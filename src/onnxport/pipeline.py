@@ -25,7 +25,7 @@ from onnxport.core import signals
 from onnxport.core.diagnostics import Diagnostic, error, info, warning
 from onnxport.core.errors import ExportFailed, UsageError, one_line
 from onnxport.core.logs import Progress, noop
-from onnxport.core.onnxfile import external_data_files, move_model, read_graph
+from onnxport.core.onnxfile import external_data_files, move_model, read_graph, remove_model
 from onnxport.core.options import (
     LoadOptions,
     Options,
@@ -53,6 +53,7 @@ from onnxport.runtime import ops
 from onnxport.sources import datasets, parse_model_args
 from onnxport.sources.base import LoadedModel
 from onnxport.sources.declared import load_declared
+from onnxport.sources.finish import at_fixed_sizes
 
 
 def use_runtime(options: RuntimeOptions) -> None:
@@ -327,10 +328,42 @@ def _adopt(run: Run) -> Run:
 def _prove(run: Run) -> Run:
     """check + parity (+ localization on failure) of the export and its proof on the samples; with ``auto``, a
     file that is not proven sends the chain on to its next strategy, and the first proven file is kept (none
-    proven: the first one tried, with its proof). A new export is moved into OUT as model.onnx when proven,
-    else model.unverified.onnx. A family with hooks proves its export its own way (families.steps)."""
+    proven: the first one tried, with its proof). When none is, and onnxport made up ranges of sizes for the
+    model (a torchvision/timm name, a guessed image), the chain runs once more with those sizes fixed
+    (:func:`at_fixed_sizes`, a ``range-fixed`` warning), kept if proven. A new export is moved into OUT as
+    model.onnx when proven, else model.unverified.onnx. A family with hooks proves its export its own way
+    (families.steps)."""
     if run.hooks is not None:
         return family_steps.prove(run)
+    trial = _first_proven(run)
+    if not trial.proven and run.options.export.exporter == "auto" and run.source_file is None \
+            and _worth_another_export(trial) \
+            and (fixed := at_fixed_sizes(trial.loaded, _why_unproven(trial))) is not None:
+        aside = run.work / "unproven-ranges.onnx"  # the chain below writes model.onnx again
+        if trial.result.path != aside:
+            move_model(trial.result.path, aside)
+        trial = trial.but(result=dataclasses.replace(trial.result, path=aside))
+        run.progress("no export proven over the made-up ranges: exporting at fixed sizes")
+        again = _export(run.but(loaded=fixed, timings={}))
+        if not again.stopped:
+            retried = _first_proven(again)
+            if retried.proven:  # the seconds of both rounds
+                remove_model(aside)
+                spent = {k: trial.timings.get(k, 0.0) + retried.timings.get(k, 0.0)
+                         for k in {**trial.timings, **retried.timings}}
+                trial = retried.but(timings=spent, outcome=retried.outcome.but(timings=spent))
+    run = trial
+    run = run.but(outcome=run.outcome.but(diagnostics=(*run.outcome.diagnostics, *_retried(run))))
+    if run.source_file is None:
+        final = run.out / ("model.onnx" if run.proven else "model.unverified.onnx")
+        move_model(run.result.path, final)
+        return run.but(model_file=final, outcome=run.outcome.but(model_path=final.name))
+    return run.but(model_file=run.result.path, outcome=run.outcome.but(model_path=str(run.result.path)))
+
+
+def _first_proven(run: Run) -> Run:
+    """The proof of ``run``'s export; with ``auto``, a file that is not proven sends the chain on to its next
+    strategy, and the first proven file is kept (none proven: the first one tried, with its proof)."""
     first: Run | None = None
     while True:
         trial = _proof_of(run, localize_failure=first is None)
@@ -353,13 +386,7 @@ def _prove(run: Run) -> Run:
         run = _exported(run.but(timings={**trial.timings, **spent}), result, run.outcome.custom_functions)
     if run.candidates is not None:
         run.candidates.close()
-    run = trial.but(candidates=None)
-    run = run.but(outcome=run.outcome.but(diagnostics=(*run.outcome.diagnostics, *_retried(run))))
-    if run.source_file is None:
-        final = run.out / ("model.onnx" if run.proven else "model.unverified.onnx")
-        move_model(run.result.path, final)
-        return run.but(model_file=final, outcome=run.outcome.but(model_path=final.name))
-    return run.but(model_file=run.result.path, outcome=run.outcome.but(model_path=str(run.result.path)))
+    return trial.but(candidates=None)
 
 
 def _proof_of(run: Run, localize_failure: bool = True) -> Run:

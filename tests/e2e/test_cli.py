@@ -145,6 +145,37 @@ def test_a_cache_the_check_runs_leave_is_computed_in_the_graph(tmp_path, cli):
         np.testing.assert_allclose(sess.run(None, {"x": x.numpy()})[0], ref, atol=1e-5, rtol=1e-4)
 
 
+def test_sizes_no_exporter_keeps_a_branch_on_are_fixed_when_onnxport_made_them_up(tmp_path, cli):
+    """A Swin-like window shift dropped on small feature maps: every exporter freezes it, so no file is proven
+    over the image sizes onnxport guessed; the chain runs again with them fixed at the export sizes, and that
+    file is proven, says so (``range-fixed``) and refuses other sizes. Declared ranges are never fixed."""
+    from tests.fixtures.models import ShiftedWindows
+
+    out = tmp_path / "OUT"
+    proc = cli("export", f"{MODELS}:ShiftedWindows", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    rep = load_report(out)
+    assert rep["export"]["inputs"][0]["shape"] == ["batch", 3, 224, 240]
+    fixed = next(d for d in rep["diagnostics"] if d["code"] == "range-fixed")
+    assert fixed["severity"] == "warning" and "height 224 (not 32..512)" in fixed["message"]
+    torch.manual_seed(0)
+    model = ShiftedWindows().eval()
+    sess = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    x = torch.randn(3, 3, 224, 240)
+    with torch.inference_mode():
+        np.testing.assert_allclose(sess.run(None, {"x": x.numpy()})[0], model(x).numpy(), atol=1e-5, rtol=1e-4)
+    with pytest.raises(Exception, match="dimension"):
+        sess.run(None, {"x": np.zeros((1, 3, 32, 32), np.float32)})
+
+    declared = tmp_path / "DECLARED"
+    proc = cli("export", f"{MODELS}:ShiftedWindows", "-o", str(declared), "-i", "x:float32[batch,3,height,width]",
+               "-d", "height=32..256", "-d", "width=32..256")
+    assert proc.returncode == 1, proc.stderr
+    rep = load_report(declared)
+    assert "range-fixed" not in {d["code"] for d in rep["diagnostics"]}
+    assert (declared / "model.unverified.onnx").exists() and not (declared / "model.onnx").exists()
+
+
 @pytest.mark.slow
 def test_minilm_directory_without_inputs(tmp_path, minilm_dir, cli):
     out = tmp_path / "OUT"

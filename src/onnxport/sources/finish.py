@@ -43,6 +43,7 @@ class Finishing:
     built_here: bool = False
     one_size: dict[str, int] | None = None  # sizes a model built for one size takes (its weights' crop size)
     sized: tuple[str, ...] = ()  # default dims narrowed when the proof's largest case would cost too much
+    fixed_at: dict[str, int] | None = None  # where those dims (but batch) are fixed when no ranged file is proven
 
 
 MAX_CASE_FLOPS = 1e12  # the proof's all-max case, estimated from the example forward: about 10 s of one core
@@ -91,10 +92,41 @@ def finish(source: str, name: str, kind: str, model: nn.Module, specs: list[Inpu
         resolved, narrowed = sized_by_cost(resolved, sized, flops)
         diags += narrowed
     _preflight(flat, spec_t, resolved)
+    extra = dict(more.extra or {})
+    at = {**export_sizes(resolved), **(more.fixed_at or {})}
+    fixable = {sym: at[sym] for sym in sized if sym != "batch" and resolved[sym].min != resolved[sym].max
+               and resolved[sym].allows(at[sym])}
+    if fixable:
+        extra[FIXABLE] = fixable
     return LoadedModel(
         source=source, name=name, kind=kind, model=model, flat=flat, inputs=spec_t, dims=resolved,
-        output_names=outs, parameters=count_parameters(model), diagnostics=diags, extra=dict(more.extra or {}),
+        output_names=outs, parameters=count_parameters(model), diagnostics=diags, extra=extra,
     )
+
+
+FIXABLE = "fixable"  # LoadedModel.extra: the made-up dims a file may fix (at_fixed_sizes), with their sizes
+
+
+def at_fixed_sizes(loaded: LoadedModel, why: str) -> LoadedModel | None:
+    """``loaded`` with the dims onnxport made up for it (not batch, none the user declared) fixed at the weights'
+    crop size (else their export sizes), for a second export when no file was proven over their ranges (``why``:
+    the first file's failure): a Swin's window shift depends on the feature size, so a traced branch holds on one
+    side of 224 only, and no exporter keeps it. None when there is no such dim."""
+    at = {sym: n for sym, n in (loaded.extra.get(FIXABLE) or {}).items() if sym in loaded.dims}
+    if not at:
+        return None
+    specs = tuple(dataclasses.replace(s, shape=tuple(at.get(d, d) if isinstance(d, str) else d for d in s.shape),
+                                      value_range=s.value_range and (s.value_range[0],
+                                                                     at.get(s.value_range[1], s.value_range[1])))
+                  for s in loaded.inputs)
+    told = ", ".join(f"{sym} {n} (not {loaded.dims[sym].min}..{loaded.dims[sym].max})" for sym, n in at.items())
+    note = warning("range-fixed", f"no export was proven over the ranges made up for {', '.join(at)} ({why}); "
+                   f"exported and proven at {told}",
+                   hint="feed the ONNX model inputs of that size (resize or crop them first); --dim "
+                        "SYMBOL=MIN..MAX asks for a range again")
+    return dataclasses.replace(loaded, inputs=specs, dims={k: d for k, d in loaded.dims.items() if k not in at},
+                               flat=make_flat(loaded.model, specs), diagnostics=(*loaded.diagnostics, note),
+                               extra={k: v for k, v in loaded.extra.items() if k != FIXABLE})
 
 
 def _example_run(flat: nn.Module, example: list[torch.Tensor], count: bool) -> tuple[Any, int]:

@@ -251,7 +251,8 @@ def load_torchvision(source: str, inputs: list[InputSpec], dims: list[Dim]) -> L
         specs = [InputSpec("image", "float32", (1, 3, "height", "width"))]
     flow = name in torchvision.models.list_models(module=torchvision.models.optical_flow)
     more = Finishing(defaults=_torchvision_dims(name, meta, video, flow), built_here=True, diagnostics=notes,
-                     one_size=None if inputs or dims else _one_size(meta, video), sized=SIZED)
+                     one_size=None if inputs or dims else _one_size(meta, video), sized=SIZED,
+                     fixed_at=_one_size(meta, video))
     return awake(finish(source, name, "torchvision", model, specs, dims, more))
 
 
@@ -273,4 +274,5 @@ def load_timm(source: str, inputs: list[InputSpec], dims: list[Dim]) -> LoadedMo
     defaults["width"] = Dim("width", 32, max(512, w), w + 16)
     specs = declared_or(inputs, _image_inputs(channels, (h, w) if fixed else None))
     return awake(finish(source, name, "timm", model, specs, dims,
-                        Finishing(defaults=defaults, built_here=True, diagnostics=lively(model), sized=SIZED)))
+                        Finishing(defaults=defaults, built_here=True, diagnostics=lively(model), sized=SIZED,
+                                  fixed_at={"height": h, "width": w})))
