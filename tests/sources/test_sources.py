@@ -377,6 +377,25 @@ def test_sized_by_cost_takes_the_sides_down_evenly_and_keeps_listed_sizes():
     assert (floor["batch"].max, floor["height"].max, floor["width"].max) == (3, 256, 256)
 
 
+def test_made_up_sides_can_be_fixed_declared_ones_never():
+    """The guessed image's sides (not batch) may be fixed at their export sizes when no ranged file is proven:
+    the inputs say the sizes, the dims lose them, a range-fixed warning says why; a declared side is kept."""
+    from onnxport.sources.finish import at_fixed_sizes
+
+    lm = load_model(_src(MODELS, "TinyConv"))
+    sizes = export_sizes(lm.dims)
+    fixed = at_fixed_sizes(lm, "16 of 20 cases fail")
+    assert fixed is not None and set(fixed.dims) == {"batch"}
+    assert fixed.inputs[0].shape == ("batch", lm.inputs[0].shape[1], sizes["height"], sizes["width"])
+    (note,) = [d for d in fixed.diagnostics if d.code == "range-fixed"]
+    assert "16 of 20 cases fail" in note.message and f"height {sizes['height']} (not 32..512)" in note.message
+    x = make_inputs(fixed.inputs, {"batch": 2}, seed=0)
+    torch.testing.assert_close(fixed.flat(*x)[0], lm.flat(*x)[0])
+    assert at_fixed_sizes(fixed, "again") is None  # once
+    declared = load_model(_src(MODELS, "TinyConv"), dims=[Dim("height", 32, 512), Dim("width", 32, 512)])
+    assert at_fixed_sizes(declared, "why") is None
+
+
 def test_a_transformers_model_handed_over_as_python_gets_the_inputs_hf_makes_up(tmp_path):
     """A factory returning a transformers model (no folder): its inputs come from its forward and config, as for
     hf:DIR, token ids within its vocabulary."""
