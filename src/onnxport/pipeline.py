@@ -346,7 +346,7 @@ def _prove(run: Run) -> Run:
         run.progress("no export proven over the made-up ranges: exporting at fixed sizes")
         again = _export(run.but(loaded=fixed, timings={}))
         if not again.stopped:
-            retried = _first_proven(again)
+            retried = _first_proven(again, fail_fast=True)
             if retried.proven:  # the seconds of both rounds
                 remove_model(aside)
                 spent = {k: trial.timings.get(k, 0.0) + retried.timings.get(k, 0.0)
@@ -361,12 +361,16 @@ def _prove(run: Run) -> Run:
     return run.but(model_file=run.result.path, outcome=run.outcome.but(model_path=str(run.result.path)))
 
 
-def _first_proven(run: Run) -> Run:
+def _first_proven(run: Run, fail_fast: bool = False) -> Run:
     """The proof of ``run``'s export; with ``auto``, a file that is not proven sends the chain on to its next
-    strategy, and the first proven file is kept (none proven: the first one tried, with its proof)."""
+    strategy, and the first proven file is kept (none proven: the first one tried, with its proof). PyTorch's
+    outputs are computed once for all the files; each file after the first (every one with ``fail_fast``: a
+    round whose unproven files are dropped) is proven up to its first failing case only."""
     first: Run | None = None
     while True:
-        trial = _proof_of(run, localize_failure=first is None)
+        trial = _proof_of(run, localize_failure=first is None and not fail_fast,
+                          known=first.references if first is not None else None,
+                          fail_fast=fail_fast or first is not None)
         if trial.proven or run.candidates is None or not _worth_another_export(trial):
             break
         why = _why_unproven(trial)
@@ -389,9 +393,9 @@ def _first_proven(run: Run) -> Run:
     return trial.but(candidates=None)
 
 
-def _proof_of(run: Run, localize_failure: bool = True) -> Run:
-    """The proof of ``run``'s export: check, parity, the samples."""
-    outcome, refs = _check_and_compare(run, list(run.outcome.diagnostics), localize_failure)
+def _proof_of(run: Run, localize_failure: bool = True, known: Refs | None = None, fail_fast: bool = False) -> Run:
+    """The proof of ``run``'s export: check, parity, the samples (``known``, ``fail_fast``: _check_and_compare)."""
+    outcome, refs = _check_and_compare(run, list(run.outcome.diagnostics), localize_failure, known, fail_fast)
     outcome = outcome.but(log=run.options.log_name, stage_seconds=run.outcome.stage_seconds,
                           custom_functions=run.outcome.custom_functions)
     return _prove_samples(run.but(loaded=outcome.loaded, outcome=outcome, references=refs,
@@ -515,10 +519,12 @@ def _prove_samples(run: Run) -> Run:
     return run.but(outcome=outcome, sample_refs=refs)
 
 
-def _check_and_compare(run: Run, diags: list[Diagnostic], localize_failure: bool = True) -> tuple[Outcome, Refs]:
+def _check_and_compare(run: Run, diags: list[Diagnostic], localize_failure: bool = True,
+                       known: Refs | None = None, fail_fast: bool = False) -> tuple[Outcome, Refs]:
     """The proof: structural check, branch coverage, parity on the case matrix, and the localization of the
-    first failing case; with PyTorch's outputs on the cases. The returned outcome's ``loaded`` runs on the run's
-    device."""
+    first failing case; with PyTorch's outputs on the cases (``known``: those of an earlier file of the same
+    model, reused). ``fail_fast``: parity stops at the first failing case (a file the chain replaces when it
+    fails, whose proof only says why). The returned outcome's ``loaded`` runs on the run's device."""
     loaded, result, tolerance, timings = run.loaded, run.result, run.options.proof.tolerance, dict(run.timings)
     run.progress("checking the graph")
     t = time.perf_counter()
@@ -538,9 +544,10 @@ def _check_and_compare(run: Run, diags: list[Diagnostic], localize_failure: bool
     loaded = runtime.loaded_on_device(loaded, run.device)
     with _strict_on_gpu(run.device):  # fp32 proven as fp32: TF32 off on both sides (onnxruntime's in GpuOptions)
         t_refs = time.perf_counter()
-        refs = references(loaded, cases)
+        refs = references(loaded, cases, known)
         parity = compare(loaded, result.path, cases=cases, tolerance=tolerance, dim_checks=checked.dynamic_dims,
-                         sess=sess, refs=refs, sweep=sweep, spent_before=time.perf_counter() - t_refs)
+                         sess=sess, refs=refs, sweep=sweep, spent_before=time.perf_counter() - t_refs,
+                         fail_fast=fail_fast)
     del sess
     diags.extend(explain.unreached_branches(sites, loaded))
     timings["parity"] = time.perf_counter() - t

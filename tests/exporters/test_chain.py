@@ -155,6 +155,11 @@ def test_an_auto_retry_past_its_cpu_limit_reports_the_first_refusal(tmp_path, mo
     with pytest.raises(ExportFailed) as ei:
         export(loaded, tmp_path / "m.onnx", exporter="dynamo")
     assert "Failed to export" in ei.value.message and "did not stop" not in ei.value.message
+    from onnxport.exporters.chain import _dynamo_worth_resizing
+
+    attempts = [a for a in ei.value.attempts if a.exporter == "dynamo"]
+    assert strategies.AUTO_OVER_LIMIT in attempts[0].detail  # no dynamo at other sizes to spend it again
+    assert not _dynamo_worth_resizing(attempts)
 
 
 def test_cpu_limit_stops_a_busy_block_and_leaves_no_timer():

@@ -371,6 +371,16 @@ def test_rows_float32_decides_still_catch_a_wrong_export(tmp_path):
     assert not res.passed and "max abs error 0.01" in res.cases[0].error
 
 
+def test_fail_fast_stops_at_the_first_failing_case(tmp_path):
+    """A file the chain would replace is proven up to its first failing case only; a passing file runs them all."""
+    loaded = _loaded(em.CancelledRow((0,), big=0.0), ["x:float32[2,8]"], [])
+    cases = [Case(f"seed {i}", {}, "random", i) for i in range(4)]
+    wrong = compare(loaded, _graph(tmp_path, add=0.01), cases=cases, fail_fast=True)
+    assert not wrong.passed and [c.label for c in wrong.cases] == ["seed 0"]
+    right = compare(loaded, _graph(tmp_path), cases=cases, fail_fast=True)
+    assert right.passed and len(right.cases) == 4
+
+
 def test_a_case_float32_cannot_decide_at_all_stays_failed(tmp_path):
     loaded = _loaded(em.CancelledRow((0, 1)), ["x:float32[2,8]"], [])
     res = compare(loaded, _graph(tmp_path), cases=[Case("export", {}, "random", 1)])

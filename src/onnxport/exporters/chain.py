@@ -41,6 +41,7 @@ from onnxport.exporters.opsets import (
     placement_problem,
 )
 from onnxport.exporters.strategies import (
+    AUTO_OVER_LIMIT,
     BASE_EXPORTER,
     CHOICES,
     CONTROL_FLOW,
@@ -241,6 +242,8 @@ def _dynamo_worth_resizing(attempts: list[Attempt]) -> bool:
     if first.ok:
         return first.unproven is not None or (first.frozen or "").startswith(_DIM_FREEZES)
     detail = first.detail or ""
+    if AUTO_OVER_LIMIT in detail:  # torch.export's shape reasoning ran out of time there: it would again
+        return False
     return bool(_SHAPE_FAILURE.search(detail)) and not DATA_DEPENDENT.search(detail)
 
 

@@ -21,7 +21,7 @@ from onnxport.core.diagnostics import Diagnostic, info, warning
 from onnxport.core.onnxfile import save_model
 from onnxport.core.options import CONTROL_FLOW_EXPORTERS, EXPORTER_CHOICES, PLAIN_EXPORTERS
 from onnxport.core.samples import export_sizes, make_inputs
-from onnxport.core.signals import cpu_limit
+from onnxport.core.signals import OverCpuLimit, cpu_limit
 from onnxport.core.spec import Dim
 from onnxport.exporters import controlflow, functions, packed
 from onnxport.sources.base import LoadedModel
@@ -33,6 +33,7 @@ CHOICES = EXPORTER_CHOICES
 
 
 RESIZED = "dynamo-resized"
+AUTO_OVER_LIMIT = "the Dim.AUTO retry passed its CPU-time limit"
 AUTO_CPU_LIMIT = 90.0  # the Dim.AUTO retry's CPU seconds: torch.export's shape reasoning on Swin's padding takes many minutes
 """The dynamo exporter again at other example sizes (:func:`resized_sizes`; tried by auto, never chosen by name)."""
 
@@ -133,7 +134,10 @@ def _export_dynamo(loaded: LoadedModel, path: Path, opset: int, external: bool, 
                 try:
                     with cpu_limit(AUTO_CPU_LIMIT):  # torch.export derives the relations between sizes itself
                         program = run(auto=True)
-                except Exception:  # noqa: BLE001 - the first refusal is the one to report (or the limit passed)
+                except OverCpuLimit:  # said, so that no later dynamo attempt spends it again
+                    e.add_note(AUTO_OVER_LIMIT)
+                    raise e from None
+                except Exception:  # noqa: BLE001 - the first refusal is the one to report
                     raise e from None
                 notes.append(info("dynamo-dims-auto", f"torch.export refused the declared dims ({refused}); "
                                   "exported with Dim.AUTO, torch.export deriving the relations between sizes "

@@ -28,13 +28,15 @@ from onnxport.sources.base import LoadedModel
 
 def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | None = None,
             tolerance: Tolerance = FP32, dim_checks: tuple[DimCheck, ...] = (), sess=None,
-            refs: Refs | None = None, sweep: Sequence[Case] = (), spent_before: float = 0.0) -> ParityResult:
+            refs: Refs | None = None, sweep: Sequence[Case] = (), spent_before: float = 0.0,
+            fail_fast: bool = False) -> ParityResult:
     """Run PyTorch and ONNX Runtime on every case and compare all outputs with ``tolerance``. ``refs``: PyTorch's
     inputs and outputs already computed for some of the cases (every variant is judged against the same ones), so
     PyTorch runs only on the cases they lack. ``sweep``: more cases (every size of a short range,
     :func:`~onnxport.core.samples.sweep_cases`) run after the others while they stay cheap: at most
     :data:`SWEEP_SHARE` of the time the others took (``spent_before``: the seconds ``refs`` took to compute), and
-    at least :data:`SWEEP_MIN_S`."""
+    at least :data:`SWEEP_MIN_S`. ``fail_fast``: stop at the first failing case (the cases after it, the sweep
+    and the dims it would prove are left out: a file that is not proven either way)."""
     cases = cases if cases is not None else validation_cases(loaded.dims)
     known = {} if refs is None else refs.known()
     if sess is None:
@@ -57,8 +59,13 @@ def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | N
     diags: list[Diagnostic] = []
     seen: list[dict[str, Seen] | None] = []
     kept: list[dict] = []
-    results = [_run_case(loaded, sess, feed, case, tolerance, onnx_outputs, by_name, known.get(case_key(case)),
-                         seen, kept) for case in cases]
+    results: list[CaseResult] = []
+    for case in cases:
+        results.append(_run_case(loaded, sess, feed, case, tolerance, onnx_outputs, by_name,
+                                 known.get(case_key(case)), seen, kept))
+        if fail_fast and not results[-1].passed:
+            cases, sweep = cases[:len(results)], ()
+            break
     spent = spent_before + sum(r.seconds for r in results)
     t_sweep = time.perf_counter()
     cases = list(cases)
@@ -71,7 +78,7 @@ def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | N
     results = [replace(r, sizes=dict(c.sizes)) for c, r in zip(cases, results)]
     silent = cannot_tell(cases, seen)
     checks = _prove_dims(loaded, dim_checks, cases, results, telling_cases(seen, silent))
-    alone = _alone_cases(loaded, checks, cases, results)
+    alone = _alone_cases(loaded, checks, cases, results) if not fail_fast or all(r.passed for r in results) else []
     if alone:  # a dim unproven only because every case that changed it also changed another: change it alone
         cases = [*cases, *alone]
         results += [replace(_run_case(loaded, sess, feed, c, tolerance, onnx_outputs, by_name, seen=seen),
