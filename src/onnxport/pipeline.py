@@ -347,11 +347,15 @@ def _prove(run: Run) -> Run:
         again = _export(run.but(loaded=fixed, timings={}))
         if not again.stopped:
             retried = _first_proven(again, fail_fast=True)
-            if retried.proven:  # the seconds of both rounds
+            if retried.proven:  # the seconds and attempts of both rounds
                 remove_model(aside)
                 spent = {k: trial.timings.get(k, 0.0) + retried.timings.get(k, 0.0)
                          for k in {**trial.timings, **retried.timings}}
-                trial = retried.but(timings=spent, outcome=retried.outcome.but(timings=spent))
+                both = dataclasses.replace(retried.result, attempts=(*(
+                    a if a.unproven or not a.ok else dataclasses.replace(a, unproven=_why_unproven(trial))
+                    for a in trial.result.attempts), *retried.result.attempts))
+                trial = retried.but(timings=spent, result=both,
+                                    outcome=retried.outcome.but(timings=spent, export=both))
     run = trial
     run = run.but(outcome=run.outcome.but(diagnostics=(*run.outcome.diagnostics, *_retried(run))))
     if run.source_file is None:

@@ -12,6 +12,7 @@ import logging
 import math
 import re
 import tempfile
+import weakref
 from pathlib import Path
 
 import onnx
@@ -34,6 +35,7 @@ CHOICES = EXPORTER_CHOICES
 
 RESIZED = "dynamo-resized"
 AUTO_OVER_LIMIT = "the Dim.AUTO retry passed its CPU-time limit"
+_AUTO_SPENT: weakref.WeakSet = weakref.WeakSet()  # the models whose Dim.AUTO retry ran out: not retried again
 AUTO_CPU_LIMIT = 90.0  # the Dim.AUTO retry's CPU seconds: torch.export's shape reasoning on Swin's padding takes many minutes
 """The dynamo exporter again at other example sizes (:func:`resized_sizes`; tried by auto, never chosen by name)."""
 
@@ -131,10 +133,14 @@ def _export_dynamo(loaded: LoadedModel, path: Path, opset: int, external: bool, 
                 refused = dims_refused(e)
                 if refused is None:
                     raise
+                if loaded.flat in _AUTO_SPENT:  # an earlier attempt of this chain ran out of time there
+                    e.add_note(AUTO_OVER_LIMIT)
+                    raise e from None
                 try:
                     with cpu_limit(AUTO_CPU_LIMIT):  # torch.export derives the relations between sizes itself
                         program = run(auto=True)
                 except OverCpuLimit:  # said, so that no later dynamo attempt spends it again
+                    _AUTO_SPENT.add(loaded.flat)
                     e.add_note(AUTO_OVER_LIMIT)
                     raise e from None
                 except Exception:  # noqa: BLE001 - the first refusal is the one to report
