@@ -375,7 +375,11 @@ def _first_proven(run: Run, fail_fast: bool = False) -> Run:
         trial = _proof_of(run, localize_failure=first is None and not fail_fast,
                           known=first.references if first is not None else None,
                           fail_fast=fail_fast or first is not None)
-        if trial.proven or run.candidates is None or not _worth_another_export(trial):
+        if trial.proven or run.candidates is None or not _worth_another_export(trial, whole=first is None
+                                                                                    and not fail_fast):
+            if not trial.proven and first is not None:  # the file proven over every case is the one reported
+                trial = first.but(result=dataclasses.replace(first.result, attempts=trial.result.attempts))
+                trial = trial.but(outcome=trial.outcome.but(export=trial.result))
             break
         why = _why_unproven(trial)
         if first is None:
@@ -406,11 +410,12 @@ def _proof_of(run: Run, localize_failure: bool = True, known: Refs | None = None
                                   timings=dict(outcome.timings)))
 
 
-def _worth_another_export(run: Run) -> bool:
+def _worth_another_export(run: Run, whole: bool = True) -> bool:
     """Whether another exporter could do better than this unproven file: not when every case fails by rounding
-    alone (reduced precision) or PyTorch itself fails on the cases that fail."""
+    alone (reduced precision; ``whole``: the proof ran every case, not up to its first failure) or PyTorch itself
+    fails on the cases that fail."""
     o = run.outcome
-    if any(d.code in ("reduced-precision", "cannot-tell") and d.severity == "error" for d in o.diagnostics):
+    if whole and any(d.code in ("reduced-precision", "cannot-tell") and d.severity == "error" for d in o.diagnostics):
         return False  # rounding alone, or references that cannot tell: another exporter changes nothing
     failed = [r for r in (o.parity.cases if o.parity else ()) if not r.passed]
     return not failed or any(r.failure is not Failure.TORCH for r in failed)

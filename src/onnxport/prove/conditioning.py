@@ -71,6 +71,7 @@ def _widened(module, args, kwargs):
 
 
 NOISE_TIMES = 2.0  # a row judged against float64 is allowed twice PyTorch's own float32 error there
+ROUNDING = 1e-4  # and, where PyTorch's float32 misses the tolerance, this share of the row's magnitude
 ILL_CONDITIONED = 1e-3  # PyTorch's float32 error past this share of the row's magnitude: the row is noise
 
 
@@ -81,7 +82,7 @@ class AgainstExact:
     ``undecidable``: per output, a mask of the rows (broadcastable to it) where PyTorch's own float32 error passes
     :data:`ILL_CONDITIONED` of the row's magnitude: noise in any float32 implementation, left out. ``exact``: the
     float64 answer of each output compared with it instead of PyTorch's float32 one, ``floors`` the error allowed
-    at each of its rows on top of the tolerance (:data:`NOISE_TIMES` PyTorch's own float32 error there) and
+    at each of its rows on top of the tolerance (:func:`against_exact`) and
     ``noise`` PyTorch's largest float32 error on the output."""
 
     undecidable: dict[str, np.ndarray] = field(default_factory=dict)
@@ -105,9 +106,12 @@ def against_exact(loaded: LoadedModel, inputs: tuple[torch.Tensor, ...],
     PyTorch's float32 answer is itself off the exact one by its rounding error, which grows with depth: ResNet-101
     with random weights ends up to 1.6e-4 from float64 on elements near zero (atol 1e-4), and onnxruntime's file
     up to 1.4e-4, as right as PyTorch, yet the two differ by 2.2e-4. So a failing output is judged against
-    float64 instead, each row allowed :data:`NOISE_TIMES` PyTorch's own error there on top of ``tol``; rows where
-    that error passes :data:`ILL_CONDITIONED` of the row's magnitude are noise in any float32 implementation and
-    left out, and only while some rows stay (a case must still prove something)."""
+    float64 instead, each row allowed :data:`NOISE_TIMES` PyTorch's own error there on top of ``tol``, and at least
+    :data:`ROUNDING` of the row's magnitude where PyTorch itself misses ``tol`` (its error depends on the order of
+    its sums: Visformer's outputs near 360 end 1.4e-3 from float64 on one thread, 4.8e-3 on two, and onnxruntime's
+    9.7e-3, a few float32 steps of 360). Rows where PyTorch's error passes :data:`ILL_CONDITIONED` of the row's
+    magnitude are noise in any float32 implementation and left out, and only while some rows stay (a case must
+    still prove something)."""
     wanted = [(n, r) for n, r, _ in pairs if n in failed and np.issubdtype(r.dtype, np.floating) and r.size]
     if not wanted:
         return AgainstExact()
@@ -120,15 +124,19 @@ def against_exact(loaded: LoadedModel, inputs: tuple[torch.Tensor, ...],
         e = by_name[name]
         if e.shape != r.shape:
             continue
-        noise = np.abs(_rows(r).astype(np.float64) - _rows(e)).max(1)
+        off = np.abs(_rows(r).astype(np.float64) - _rows(e))
+        noise = off.max(1)
         size = np.abs(np.nan_to_num(_rows(e), nan=0.0, posinf=0.0, neginf=0.0)).max(1)
-        noisy = ~(noise <= ILL_CONDITIONED * np.maximum(size, own_tolerance(e, tol).atol))  # NaN noise: noisy
+        own = own_tolerance(e, tol)
+        noisy = ~(noise <= ILL_CONDITIONED * np.maximum(size, own.atol))  # NaN noise: noisy
+        missed = ~(off <= own.bound(_rows(e))).all(1)  # PyTorch's float32 itself outside the tolerance there
+        allowed = np.where(missed, np.maximum(NOISE_TIMES * noise, ROUNDING * size), NOISE_TIMES * noise)
         if noisy.all():
             continue
         shape = (-1,) + (1,) * (r.ndim - 1) if r.ndim >= 1 else ()
         if noisy.any():
             found.undecidable[name] = noisy.reshape(shape)
         found.exact[name] = e
-        found.floors[name] = (NOISE_TIMES * np.where(noisy, 0.0, noise)).reshape(shape)
+        found.floors[name] = np.where(noisy, 0.0, allowed).reshape(shape)
         found.noise[name] = float(noise[~noisy].max())
     return found

@@ -180,8 +180,9 @@ def _exact_note(results: list[CaseResult]) -> list[Diagnostic]:
     more = f" and {len(seen) - 4} more" if len(seen) > 4 else ""
     return [info("float32-noise",
                  f"outputs off PyTorch's float32 result were compared with the float64 result instead, each row "
-                 f"allowed twice PyTorch's own float32 error there on top of the tolerance: {where}{more} "
-                 f"(PyTorch's largest error in brackets)",
+                 f"allowed twice PyTorch's own float32 error there on top of the tolerance (at least 1e-4 of its "
+                 f"magnitude where PyTorch itself misses the tolerance): {where}{more} (PyTorch's largest error "
+                 f"in brackets)",
                  hint="nothing: the file is as close to the exact answer as PyTorch itself; see docs/diagnostics.md")]
 
 
