@@ -15,6 +15,8 @@ from onnxport.core.spec import Dim, InputSpec
 from onnxport.sources.base import LoadedModel, required_positional
 from onnxport.sources.finish import Finishing, declared_or, finish
 
+EXAMPLE_SIDE = 384  # a timm model of any size trained larger (Qwen3-VL's 768, SAM2's 896) is exported at this side:
+# every check and case before the proof's own runs at the example, a 768 x 768 ViT forward costs 16 times a 384 one
 IMAGE_DIMS = {
     "batch": Dim("batch", 1, 16, 2),
     "height": Dim("height", 32, 512, 224),
@@ -270,8 +272,9 @@ def load_timm(source: str, inputs: list[InputSpec], dims: list[Dim]) -> LoadedMo
     channels, h, w = cfg.get("input_size", (3, 224, 224))
     fixed = bool(cfg.get("fixed_input_size", False))
     defaults = dict(IMAGE_DIMS)
-    defaults["height"] = Dim("height", 32, max(512, h), h)
-    defaults["width"] = Dim("width", 32, max(512, w), w + 16)
+    eh, ew = (h, w) if fixed else (min(h, EXAMPLE_SIDE), min(w, EXAMPLE_SIDE))
+    defaults["height"] = Dim("height", 32, max(512, h), eh)
+    defaults["width"] = Dim("width", 32, max(512, w), ew + 16)
     specs = declared_or(inputs, _image_inputs(channels, (h, w) if fixed else None))
     return awake(finish(source, name, "timm", model, specs, dims,
                         Finishing(defaults=defaults, built_here=True, diagnostics=lively(model), sized=SIZED,
