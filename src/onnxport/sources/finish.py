@@ -93,9 +93,9 @@ def finish(source: str, name: str, kind: str, model: nn.Module, specs: list[Inpu
         diags += narrowed
     _preflight(flat, spec_t, resolved)
     extra = dict(more.extra or {})
-    at = {**export_sizes(resolved), **(more.fixed_at or {})}
-    fixable = {sym: at[sym] for sym in sized if sym != "batch" and resolved[sym].min != resolved[sym].max
-               and resolved[sym].allows(at[sym])}
+    at = export_sizes(resolved)  # the weights' crop size where the range holds it (a clip's sides may not)
+    at.update({sym: n for sym, n in (more.fixed_at or {}).items() if sym in resolved and resolved[sym].allows(n)})
+    fixable = {sym: at[sym] for sym in sized if sym != "batch" and resolved[sym].min != resolved[sym].max}
     if fixable:
         extra[FIXABLE] = fixable
     return LoadedModel(
