@@ -295,6 +295,8 @@ def _export_rewritten(loaded: LoadedModel, path: Path, opset: int, external: boo
         raise NotApplicable(f"no `for`/`while` at {where} loops over a size in a form scan can take" if loops else
                             f"no `if` or conditional expression at {where} has a form torch.cond can take (both "
                             "sides returning, or assigning names)")
+    if loaded.flat in _AUTO_SPENT:  # the rewritten model's shapes reason the same way
+        _AUTO_SPENT.add(flat)
     diags = _export_dynamo(dataclasses.replace(loaded, flat=flat, model=flat.model), path, opset, external)
     return diags + [info("control-flow-kept", f"the `{'loop' if r.kind == 'loop' else 'if'}` at "
                          f"{Path(r.file).name}:{r.line} (module {r.module or 'the model'}) was exported as "
