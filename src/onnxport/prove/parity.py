@@ -43,16 +43,7 @@ def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | N
         try:
             sess = session(onnx_path)
         except UsageError as e:
-            msg = e.message.split(": ", 1)[-1]
-            failed = tuple(CaseResult(c.label, shapes_for(loaded.inputs, c.sizes), c.values, float("inf"),
-                                      float("inf"), False, f"onnxruntime cannot load the model: {msg}",
-                                      sizes=dict(c.sizes), failure=Failure.ORT_LOAD) for c in cases)
-            hint = ("the graph uses an operator (or operator version) this onnxruntime has no kernel for; "
-                    "try another --opset, or replace the op in the model")
-            diag = error("onnxruntime-load-failed", f"onnxruntime cannot load the model: {msg}",
-                         node=_node_in(msg), hint=e.hint if "registered function/op" in msg else hint)
-            return ParityResult(False, tolerance, failed, tuple(replace(d, proven=False) for d in dim_checks),
-                                (diag,), load_error=msg)
+            return _not_loaded(loaded, cases, tolerance, dim_checks, e)
     feed = FeedMap.of(loaded.inputs, sess)
     onnx_outputs = [o.name for o in sess.get_outputs()]
     by_name = all(n in onnx_outputs for n in loaded.output_names)
@@ -104,16 +95,34 @@ def compare(loaded: LoadedModel, onnx_path: str | Path, *, cases: list[Case] | N
     diags.extend(_borderline_note(results))
     diags.extend(_unreliable_note(results))
     diags.extend(_exact_note(results))
-    for d in checks:
-        if d.symbolic and not d.proven and told and any(r.passed and not r.scaled for r in results):
-            diags.append(error(
-                "dynamic-dim-unproven",
-                f"input '{d.input}' axis {d.axis} ('{d.symbol}') is symbolic but the model matches PyTorch at "
-                f"{len(d.sizes_passed)} size(s) only ({', '.join(map(str, d.sizes_passed)) or 'none'})",
-                hint="the export probably baked this size into a Reshape or Expand; see the failing cases",
-            ))
+    if told and any(r.passed and not r.scaled for r in results):
+        diags.extend(_unproven_dims(checks))
     return ParityResult(passed, tolerance, tuple(results), checks, tuple(diags), cannot_tell=silent,
                         varying={n: a.to_dict() for n, a in over.items()})
+
+
+def _not_loaded(loaded: LoadedModel, cases: Sequence[Case], tolerance: Tolerance, dim_checks: tuple[DimCheck, ...],
+                e: UsageError) -> ParityResult:
+    """Every case failed: onnxruntime cannot load the file (``e``)."""
+    msg = e.message.split(": ", 1)[-1]
+    failed = tuple(CaseResult(c.label, shapes_for(loaded.inputs, c.sizes), c.values, float("inf"), float("inf"),
+                              False, f"onnxruntime cannot load the model: {msg}", sizes=dict(c.sizes),
+                              failure=Failure.ORT_LOAD) for c in cases)
+    hint = ("the graph uses an operator (or operator version) this onnxruntime has no kernel for; "
+            "try another --opset, or replace the op in the model")
+    diag = error("onnxruntime-load-failed", f"onnxruntime cannot load the model: {msg}",
+                 node=_node_in(msg), hint=e.hint if "registered function/op" in msg else hint)
+    return ParityResult(False, tolerance, failed, tuple(replace(d, proven=False) for d in dim_checks), (diag,),
+                        load_error=msg)
+
+
+def _unproven_dims(checks: Sequence[DimCheck]) -> list[Diagnostic]:
+    """A symbolic dim the cases that pass do not prove (a size baked into a Reshape or Expand)."""
+    return [error("dynamic-dim-unproven",
+                  f"input '{d.input}' axis {d.axis} ('{d.symbol}') is symbolic but the model matches PyTorch at "
+                  f"{len(d.sizes_passed)} size(s) only ({', '.join(map(str, d.sizes_passed)) or 'none'})",
+                  hint="the export probably baked this size into a Reshape or Expand; see the failing cases")
+            for d in checks if d.symbolic and not d.proven]
 
 
 ACROSS = ("topk", "cosine", "detections")  # the --compare rules also judged over the cases (prove/across.py)
