@@ -90,4 +90,6 @@ def cpu_limit(seconds: float) -> Iterator[None]:
         yield
     finally:
         signal.setitimer(signal.ITIMER_PROF, 0)
-        signal.signal(signal.SIGPROF, previous)
+        # a profiling signal still on its way must not end the process (SIGPROF's default action terminates it)
+        kept = previous if callable(previous) or previous == signal.SIG_IGN else signal.SIG_IGN
+        signal.signal(signal.SIGPROF, kept)
