@@ -130,15 +130,8 @@ def _export_dynamo(loaded: LoadedModel, path: Path, opset: int, external: bool, 
                     opset_version=opset, optimize=True, verbose=False,
                     custom_translation_table={**functions.translation_table(customs, opset), **rewrite.table} or None,
                 )
-            if loaded.flat in _TOO_SLOW:  # an earlier dynamo attempt of this chain ran out of time
-                raise RuntimeError(f"torch.export {DYNAMO_OVER_LIMIT} in an earlier attempt")
             try:
-                with cpu_limit(DYNAMO_CPU_LIMIT):
-                    program = run(auto=False)
-            except OverCpuLimit:
-                _TOO_SLOW.add(loaded.flat)
-                raise RuntimeError(f"torch.export {DYNAMO_OVER_LIMIT} ({DYNAMO_CPU_LIMIT:.0f}); the next exporter "
-                                   "is tried") from None
+                program = run(auto=False)
             except Exception as e:
                 refused = dims_refused(e)
                 if refused is None:
