@@ -36,9 +36,6 @@ CHOICES = EXPORTER_CHOICES
 RESIZED = "dynamo-resized"
 AUTO_OVER_LIMIT = "the Dim.AUTO retry passed its CPU-time limit"
 _AUTO_SPENT: weakref.WeakSet = weakref.WeakSet()  # the models whose Dim.AUTO retry ran out: not retried again
-DYNAMO_CPU_LIMIT = 240.0  # a dynamo export's CPU seconds: RAFT's took 1,240 s, NASNet-A Large's (proven) 210
-DYNAMO_OVER_LIMIT = "passed its CPU-time limit"
-_TOO_SLOW: weakref.WeakSet = weakref.WeakSet()  # the models whose dynamo export ran out: no dynamo attempt again
 AUTO_CPU_LIMIT = 90.0  # the Dim.AUTO retry's CPU seconds: torch.export's shape reasoning on Swin's padding takes many minutes
 """The dynamo exporter again at other example sizes (:func:`resized_sizes`; tried by auto, never chosen by name)."""
 
@@ -278,8 +275,6 @@ def _export_scan(loaded: LoadedModel, path: Path, opset: int, external: bool, li
 def _export_rewritten(loaded: LoadedModel, path: Path, opset: int, external: bool, lines, loops: bool
                       ) -> list[Diagnostic]:
     what = "loop" if loops else "branch"
-    if loaded.flat in _TOO_SLOW:
-        raise NotApplicable(f"the dynamo export of this model {DYNAMO_OVER_LIMIT}")
     if not lines:
         raise NotApplicable(f"no source line of a frozen or failing {what} to rewrite")
     flat, rewrites = controlflow.with_cond(loaded.flat, lines, loops=loops)
