@@ -408,6 +408,15 @@ def test_against_float64_a_wrong_export_still_fails(tmp_path):
     assert not res.passed and out["compared_with"] == "float64" and out["max_abs_err"] > 9e-3
 
 
+def _weights_off(path: Path, module: str) -> None:
+    """The file at ``path`` with 0.5 added to the weights of the modules whose name holds ``module``."""
+    model = onnx.load(str(path))
+    for init in model.graph.initializer:
+        if module in init.name and init.name.endswith("weight"):
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) + 0.5, init.name))
+    onnx.save(model, str(path))
+
+
 def test_a_module_run_twice_is_matched_to_its_first_call(tmp_path):
     """The shared SiLU's scope holds both calls; the head's weights are wrong, so the head is where they part
     (matching the SiLU's first call to its last node would blame the SiLU)."""
@@ -415,11 +424,7 @@ def test_a_module_run_twice_is_matched_to_its_first_call(tmp_path):
 
     loaded = _loaded(em.SharedActivation(), ["x:float32[batch,8]"], [Dim("batch", 1, 8)])
     path = export(loaded, tmp_path / "model.onnx", exporter="dynamo").path
-    model = onnx.load(str(path))
-    for init in model.graph.initializer:
-        if "head" in init.name and init.name.endswith("weight"):
-            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) + 0.5, init.name))
-    onnx.save(model, str(path))
+    _weights_off(path, "head")
     div = localize.find(loaded, path, Case("export", {"batch": 2}, "random", 1), FP32)
     assert div is not None and div.module == "head", div
     act = [t for t in div.trace if t["module"] == "act"]
@@ -442,12 +447,8 @@ def test_a_batch_norm_folded_into_its_convolution_is_not_blamed_on_the_convoluti
         model[1].running_var.uniform_(0.5, 2)
     loaded = _loaded(model.eval(), ["x:float32[batch,3,8,8]"], [Dim("batch", 1, 4)])
     path = export(loaded, tmp_path / "model.onnx", exporter="dynamo").path
-    graph = onnx.load(str(path))
-    assert "BatchNormalization" not in {n.op_type for n in graph.graph.node}  # folded
-    for init in graph.graph.initializer:
-        if "3" in init.name and init.name.endswith("weight"):
-            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) + 0.5, init.name))
-    onnx.save(graph, str(path))
+    assert "BatchNormalization" not in {n.op_type for n in onnx.load(str(path)).graph.node}  # folded
+    _weights_off(path, "3")
     div = localize.find(loaded, path, Case("export", {"batch": 2}, "random", 1), FP32)
     assert div is not None and div.module == "3", div
     conv = next(t for t in div.trace if t["module"] == "0")
