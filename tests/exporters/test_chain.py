@@ -162,19 +162,46 @@ def test_an_auto_retry_past_its_cpu_limit_reports_the_first_refusal(tmp_path, mo
     assert not _dynamo_worth_resizing(attempts)
 
 
-def test_cpu_limit_stops_a_busy_block_and_leaves_no_timer():
+def test_cpu_limit_stops_a_busy_block_and_leaves_nothing_behind():
+    """No signal is sent to the process (a native thread never sees one), the watchdog is gone and the handler
+    is back after the block, and a block that stays under its limit is never interrupted."""
     import signal
+    import threading
     import time
 
     from onnxport.core.signals import OverCpuLimit, cpu_limit
 
+    before = signal.getsignal(signal.SIGXCPU)
     with pytest.raises(OverCpuLimit, match="stopped after 0 CPU seconds"), cpu_limit(0.2):
         start = time.process_time()
         while time.process_time() - start < 10:
             pass
     assert signal.getitimer(signal.ITIMER_PROF) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGXCPU) == before
+    assert not [t for t in threading.enumerate() if t.name == "onnxport-cpu-limit"]
     with cpu_limit(5):
-        pass
+        time.sleep(0.3)
+    time.sleep(0.3)  # an interruption left on its way would land here
+
+
+def test_cpu_limit_raises_again_when_a_library_swallows_it(monkeypatch):
+    import time
+
+    from onnxport.core import signals
+
+    monkeypatch.setattr(signals, "_AGAIN", 0.2)
+    swallowed = 0
+    with pytest.raises(signals.OverCpuLimit), signals.cpu_limit(0.2):
+        start = time.process_time()
+        while time.process_time() - start < 10:
+            try:
+                while time.process_time() - start < 10:
+                    pass
+            except signals.OverCpuLimit:
+                swallowed += 1
+                if swallowed > 1:
+                    raise
+    assert swallowed == 2
 
 
 def test_dims_refused_is_a_relation_only():

@@ -7,12 +7,17 @@ A library that swallows the exception (some exporter paths catch everything) can
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import signal
 import threading
+import time
 from collections.abc import Iterator
 
 _pending: int | None = None
+_LIMIT_SIGNAL = getattr(signal, "SIGXCPU", None)  # only ever raised from Python (interrupt_main), never sent
+_POLL = 0.1  # seconds between two readings of the CPU time
+_AGAIN = 5.0  # CPU seconds before the limit is raised again, should a library have swallowed it
 
 
 class Stopped(BaseException):
@@ -76,20 +81,34 @@ class OverCpuLimit(Exception):
 def cpu_limit(seconds: float) -> Iterator[None]:
     """Raise :class:`OverCpuLimit` in the main thread once the process has spent ``seconds`` of CPU time inside
     the block (again every 5 CPU seconds after, should a library swallow it); no limit off the main thread or
-    where the platform has no profiling timer."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+    where the platform has no SIGXCPU.
+
+    A watchdog thread reads the process's CPU time and interrupts the main thread through Python alone
+    (:func:`_thread.interrupt_main`): no signal is ever sent to the process, so no thread of a native library
+    sees an interrupted call, and nothing can reach a default action that ends the process."""
+    if threading.current_thread() is not threading.main_thread() or _LIMIT_SIGNAL is None:
         yield
         return
+    start = time.process_time()
 
     def over(signum: int, frame: object) -> None:
-        raise OverCpuLimit(f"stopped after {seconds:.0f} CPU seconds")
+        if not done.is_set():
+            raise OverCpuLimit(f"stopped after {seconds:.0f} CPU seconds")
 
-    previous = signal.signal(signal.SIGPROF, over)
-    signal.setitimer(signal.ITIMER_PROF, seconds, 5.0)
+    def watch() -> None:
+        limit = seconds
+        while not done.wait(_POLL):
+            if time.process_time() - start >= limit:
+                _thread.interrupt_main(_LIMIT_SIGNAL)
+                limit += _AGAIN
+
+    done = threading.Event()
+    previous = signal.signal(_LIMIT_SIGNAL, over)
+    watchdog = threading.Thread(target=watch, name="onnxport-cpu-limit", daemon=True)
+    watchdog.start()
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_PROF, 0)
-        # a profiling signal still on its way must not end the process (SIGPROF's default action terminates it)
-        kept = previous if callable(previous) or previous == signal.SIG_IGN else signal.SIG_IGN
-        signal.signal(signal.SIGPROF, kept)
+        done.set()
+        watchdog.join()
+        signal.signal(_LIMIT_SIGNAL, previous if previous is not None else signal.SIG_DFL)
