@@ -162,6 +162,34 @@ def test_an_auto_retry_past_its_cpu_limit_reports_the_first_refusal(tmp_path, mo
     assert not _dynamo_worth_resizing(attempts)
 
 
+def test_a_dynamo_export_past_its_cpu_limit_goes_on_to_the_next_exporter(tmp_path, monkeypatch):
+    """torch.export's shape reasoning can run for many minutes (RAFT: 1,240 s): the dynamo export stops at its CPU
+    limit, the TorchScript exporter's file is offered, and no later dynamo attempt spends the limit again."""
+    import time
+
+    import torch
+
+    from onnxport.exporters import strategies
+    from onnxport.exporters.chain import _dynamo_worth_resizing
+
+    def slow(*args, **kw):  # torch.export thinking, under torch.onnx's own `except Exception`: the limit stops it
+        start = time.process_time()
+        while time.process_time() - start < 30:
+            pass
+        raise AssertionError("the limit did not stop the export")
+
+    monkeypatch.setattr(torch.export, "export", slow)
+    monkeypatch.setattr(strategies, "DYNAMO_CPU_LIMIT", 0.5)
+    loaded = _mlp()
+    res = export(loaded, tmp_path / "m.onnx")
+    assert res.exporter == "torchscript" and compare(loaded, res.path).passed
+    (dynamo,) = [a for a in res.attempts if a.exporter == "dynamo"]
+    assert not dynamo.ok and strategies.DYNAMO_OVER_LIMIT in dynamo.error
+    assert not _dynamo_worth_resizing(list(res.attempts))
+    with pytest.raises(RuntimeError, match="in an earlier attempt"):  # the same model: not spent again
+        strategies._export_dynamo(loaded, tmp_path / "again.onnx", 18, False)
+
+
 def test_cpu_limit_stops_a_busy_block_and_leaves_nothing_behind():
     """No signal is sent to the process (a native thread never sees one), the watchdog is gone and the handler
     is back after the block, and a block that stays under its limit is never interrupted."""

@@ -73,8 +73,9 @@ def settle() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-class OverCpuLimit(Exception):
-    """A step passed its CPU-time limit (:func:`cpu_limit`)."""
+class OverCpuLimit(BaseException):
+    """A step passed its CPU-time limit (:func:`cpu_limit`); a BaseException, so that a library's ``except
+    Exception`` (torch.onnx wraps every failure of torch.export) lets it through to the caller of the limit."""
 
 
 @contextlib.contextmanager

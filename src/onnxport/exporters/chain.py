@@ -45,6 +45,7 @@ from onnxport.exporters.strategies import (
     BASE_EXPORTER,
     CHOICES,
     CONTROL_FLOW,
+    DYNAMO_OVER_LIMIT,
     EXPORTERS,
     RESIZED,
     STRATEGIES,
@@ -242,7 +243,7 @@ def _dynamo_worth_resizing(attempts: list[Attempt]) -> bool:
     if first.ok:
         return first.unproven is not None or (first.frozen or "").startswith(_DIM_FREEZES)
     detail = first.detail or ""
-    if AUTO_OVER_LIMIT in detail:  # torch.export's shape reasoning ran out of time there: it would again
+    if AUTO_OVER_LIMIT in detail or DYNAMO_OVER_LIMIT in detail:  # torch.export ran out of time: it would again
         return False
     return bool(_SHAPE_FAILURE.search(detail)) and not DATA_DEPENDENT.search(detail)
 

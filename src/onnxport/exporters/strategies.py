@@ -36,6 +36,9 @@ CHOICES = EXPORTER_CHOICES
 RESIZED = "dynamo-resized"
 AUTO_OVER_LIMIT = "the Dim.AUTO retry passed its CPU-time limit"
 _AUTO_SPENT: weakref.WeakSet = weakref.WeakSet()  # the models whose Dim.AUTO retry ran out: not retried again
+DYNAMO_CPU_LIMIT = 240.0  # a dynamo export's CPU seconds: RAFT's took 1,240 s, NASNet-A Large's (proven) 210
+DYNAMO_OVER_LIMIT = "passed its CPU-time limit"
+_TOO_SLOW: weakref.WeakSet = weakref.WeakSet()  # the models whose dynamo export ran out: no dynamo attempt again
 AUTO_CPU_LIMIT = 90.0  # the Dim.AUTO retry's CPU seconds: torch.export's shape reasoning on Swin's padding takes many minutes
 """The dynamo exporter again at other example sizes (:func:`resized_sizes`; tried by auto, never chosen by name)."""
 
@@ -127,8 +130,15 @@ def _export_dynamo(loaded: LoadedModel, path: Path, opset: int, external: bool, 
                     opset_version=opset, optimize=True, verbose=False,
                     custom_translation_table={**functions.translation_table(customs, opset), **rewrite.table} or None,
                 )
+            if loaded.flat in _TOO_SLOW:  # an earlier dynamo attempt of this chain ran out of time
+                raise RuntimeError(f"torch.export {DYNAMO_OVER_LIMIT} in an earlier attempt")
             try:
-                program = run(auto=False)
+                with cpu_limit(DYNAMO_CPU_LIMIT):
+                    program = run(auto=False)
+            except OverCpuLimit:
+                _TOO_SLOW.add(loaded.flat)
+                raise RuntimeError(f"torch.export {DYNAMO_OVER_LIMIT} ({DYNAMO_CPU_LIMIT:.0f}); the next exporter "
+                                   "is tried") from None
             except Exception as e:
                 refused = dims_refused(e)
                 if refused is None:
@@ -275,6 +285,8 @@ def _export_scan(loaded: LoadedModel, path: Path, opset: int, external: bool, li
 def _export_rewritten(loaded: LoadedModel, path: Path, opset: int, external: bool, lines, loops: bool
                       ) -> list[Diagnostic]:
     what = "loop" if loops else "branch"
+    if loaded.flat in _TOO_SLOW:
+        raise NotApplicable(f"the dynamo export of this model {DYNAMO_OVER_LIMIT}")
     if not lines:
         raise NotApplicable(f"no source line of a frozen or failing {what} to rewrite")
     flat, rewrites = controlflow.with_cond(loaded.flat, lines, loops=loops)
