@@ -75,11 +75,11 @@ def _precision(diags: list[Diagnostic], parity: ParityResult | None,
                       f"{first['max_abs_err']:.1e}) and grows with depth to {max(errs):.1e}")
     return error("reduced-precision",
                  f"every case fails by a small error ({min(errs):.1e} … {max(errs):.1e} over {len(errs)} cases) "
-                 f"that does not depend on the shape{growth}: reduced-precision arithmetic (TF32 or fp16 "
-                 "kernels), not a wrong export",
+                 f"that does not depend on the shape{growth}: rounding (TF32 or fp16 kernels on a GPU, float32 "
+                 "sums in another order on a CPU), not a wrong export",
                  hint="on CUDA run the fp32 proof with TF32 off (PyTorch's allow_tf32 flags, the CUDA provider's "
-                      "use_tf32=0); if you serve with reduced precision, prove it with a tolerance that fits it, "
-                      "e.g. --atol 1e-2 --rtol 1e-2")
+                      "use_tf32=0); on a CPU, a tolerance that fits the model's magnitudes (--atol); if you serve "
+                      "with reduced precision, prove it with a tolerance that fits it, e.g. --atol 1e-2 --rtol 1e-2")
 
 
 

@@ -5,14 +5,15 @@ run's :class:`~onnxport.report.build.Outcome`."""
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from typing import Any
 
 from onnxport import runtime
-from onnxport.core.diagnostics import Diagnostic, warning
+from onnxport.core.diagnostics import Diagnostic, info, warning
 from onnxport.core.errors import UsageError
 from onnxport.core.records import BatchInvariance, Failure
-from onnxport.core.samples import sweep_cases, validation_cases
+from onnxport.core.samples import Case, shape_of, sweep_cases, validation_cases
 from onnxport.diagnose import explain, rootcause
 from onnxport.families.run import Run
 from onnxport.prove import batching, branches, localize
@@ -61,7 +62,14 @@ def check_and_compare(run: Run, diags: list[Diagnostic], localize_failure: bool 
     if failing and not parity.load_error and localize_failure:
         run.progress("localizing the divergence")
         t = time.perf_counter()
-        divergence = localize.find(loaded, result.path, failing[0][0], tolerance, providers=run.providers())
+        smallest = min(failing, key=lambda cr: _elements(loaded, cr[0]))[0]  # every node's value is kept there
+        try:
+            divergence = localize.find(loaded, result.path, smallest, tolerance, providers=run.providers())
+        except localize.TooLarge as e:
+            diags.append(info("localize-skipped", f"the failing outputs were not traced back to a module: the "
+                              f"smallest failing case ({smallest.label}) is too large to localize ({e})",
+                              hint="localize a smaller failing case: onnxport compare SOURCE MODEL.onnx with "
+                                   "--dim ranges that hold it"))
         timings["localize"] = time.perf_counter() - t
         if divergence is not None:
             diags.append(explain.explain_divergence(divergence, loaded, diags))
@@ -108,3 +116,8 @@ def _placed_session(run: Run, nodes: int) -> tuple[runtime.Placement | None, Any
     except UsageError:
         return None, None
     return runtime.placement_from(sess, run.device, chain, "".join(log), gpu=run.options.runtime.gpu), sess
+
+
+def _elements(loaded: LoadedModel, case: Case) -> int:
+    """A case's input elements: localizing keeps every node's value of its case, so the smallest costs least."""
+    return sum(math.prod(shape_of(spec, case.sizes)) for spec in loaded.inputs)

@@ -25,7 +25,7 @@ from onnxport.prove.compare import own_tolerance
 from onnxport.prove.references import as_numpy
 from onnxport.sources.base import LoadedModel
 
-MAX_PARAMETERS = 100_000_000  # widened to float64 for a call: 8 bytes per parameter while it runs
+MAX_PARAMETERS = 160_000_000  # widened to float64 for a call: 8 bytes per parameter while it runs
 MAX_WORK = 2e14  # parameters x input elements: past it float64 (no fast kernels on CPU) takes minutes per case
 
 
