@@ -481,3 +481,49 @@ def test_no_float64_run_past_its_work_limit(monkeypatch):
     assert conditioning.float64_outputs(loaded, x) is not None
     monkeypatch.setattr(conditioning, "MAX_WORK", loaded.parameters * 16 - 1)  # 16 input elements: one over
     assert conditioning.float64_outputs(loaded, x) is None
+
+
+class _TopBoxes:
+    """Four boxes at the places of the input's four largest values: a constant input ties them all, so which four
+    come out is rounding's choice (a black image into a detector)."""
+
+    @staticmethod
+    def build():
+        import torch
+        from torch import nn
+
+        class TopBoxes(nn.Module):
+            def forward(self, x):
+                scores, idx = torch.topk(x[0] * 0.01 + 0.5, 4)
+                at = idx.float() * 10
+                return [{"boxes": torch.stack([at, at, at + 8, at + 8], -1), "scores": scores,
+                         "labels": torch.ones_like(idx)}]
+
+        return TopBoxes()
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_detections_pytorch_itself_does_not_keep_are_not_judged(tied):
+    """One of four boxes elsewhere: on a constant input PyTorch's own boxes move under a float32-size nudge, so the
+    file cannot be judged there (not failed; the case proves no dim); on a random input they stay, and the same
+    file fails."""
+    import torch
+
+    from onnxport.prove.conditioning import unsteady_detections
+    from onnxport.prove.references import torch_outputs
+
+    loaded = cmp.resolve(_loaded(_TopBoxes.build(), ["x:float32[1,64]"], []))
+    x = torch.zeros(1, 64) if tied else torch.randn(1, 64, generator=torch.Generator().manual_seed(0))
+    ref = torch_outputs(loaded, (x,))
+    got = [r.copy() for r in ref]
+    boxes = loaded.output_names.index("output_0_boxes")
+    got[boxes][-1] += 400.0  # the last box somewhere else
+    pairs = list(zip(loaded.output_names, ref, got))
+    per_out, *_ = cmp.judge(loaded, pairs, FP32)
+    assert not per_out["output_0_boxes"]["passed"] and per_out["output_0_boxes"]["unmatched"] == 2
+    unsteady = unsteady_detections(loaded, (x,), pairs, per_out, FP32)
+    if tied:
+        assert set(unsteady) == {"output_0_boxes", "output_0_scores", "output_0_labels"}
+        assert unsteady["output_0_boxes"]["unmatched"] >= 2
+    else:
+        assert unsteady == {}

@@ -201,9 +201,10 @@ class CaseResult:
     @property
     def scaled(self) -> bool:
         """Whether the case was judged against its outputs' magnitude (inputs scaled up: compare.magnitudes) or
-        without the rows float32 cannot decide (prove/conditioning.py): a looser judgement that proves neither a
+        without the rows or detections float32 cannot decide (prove/conditioning.py): a looser judgement that proves neither a
         dim nor a precision."""
-        return any("tolerance_scale" in out or "float32_unreliable_rows" in out for out in self.outputs.values())
+        return any("tolerance_scale" in out or "float32_unreliable_rows" in out or "float32_unsteady" in out
+                   for out in self.outputs.values())
 
     def to_dict(self) -> dict:
         return {"label": self.label, "sizes": self.sizes, "shapes": self.shapes, "values": self.values,

@@ -229,7 +229,7 @@ def judge(loaded: LoadedModel, pairs: Sequence[tuple[str, np.ndarray, np.ndarray
     groups = {p: g for p, g in detection_groups([n for n, _, _ in pairs]).items()
               if all(loaded.compare.get(n) == "detections" for n in g.values()) and detection_shaped(g, ref_by)}
     grouped = {n: p for p, g in groups.items() for n in g.values()}
-    matches = {p: _match_group(g, ref_by, got_by, tol, loaded) for p, g in groups.items()}
+    matches = {p: match_group(g, ref_by, got_by, tol, loaded) for p, g in groups.items()}
     for name, r, _ in pairs:
         g = got_by[name]
         kind = "detections" if name in grouped else loaded.compare.get(name, "exact")
@@ -373,7 +373,7 @@ def index_agreement(ref: np.ndarray, got: np.ndarray, src: IndexSource, tol: Tol
     return out
 
 
-def _match_group(group: dict[str, str], ref: dict, got: dict, tol: Tolerance, loaded: LoadedModel) -> DetectionMatch:
+def match_group(group: dict[str, str], ref: dict, got: dict, tol: Tolerance, loaded: LoadedModel) -> DetectionMatch:
     params = detection_params(loaded.model)
     return match_detections({part: ref[n] for part, n in group.items()},
                             {part: got[n] for part, n in group.items()}, tol, params)
