@@ -106,3 +106,22 @@ def test_rounding_everywhere_is_named_precision_not_a_frozen_branch(tmp_path, cl
     assert errs[0]["code"] == "reduced-precision", [d["code"] for d in errs]
     assert not any(d["code"] in ("dynamic-dim-unproven", "frozen-branch") for d in errs)
     assert all(d["follows_from"] == "reduced-precision" for d in errs[1:])
+
+
+def test_the_kept_files_own_evidence_is_named_first():
+    """A TorchScript file kept after dynamo failed: its tracer's line is where it froze, not the line of the
+    dynamo attempt's guard (Mask R-CNN: a guard in the eager batch_images that tracing never runs)."""
+    from pathlib import Path
+
+    from onnxport.api import load_model
+    from onnxport.core.records import Attempt, ExportResult
+    from onnxport.diagnose.explain import lost_control_flow
+
+    traps = str(FIXTURES / "traps.py")
+    loaded = load_model(f"{traps}:ShapeBranch", inputs=["x:float32[batch,seq,4]"], dims=["seq=1..32"])
+    dynamo = Attempt("dynamo", False, 1.0, 18, error="GuardOnDataDependentSymNode", guards=(("u0 > 8", traps, 35),))
+    traced = Attempt("torchscript", True, 1.0, 18, frozen="tracing turned a tensor into a Python value")
+    warned = warning("tracer-warning", "traps.py:11: Converting a tensor to a Python boolean", source=(traps, 11))
+    result = ExportResult(Path("m.onnx"), "torchscript", 18, 1.0, (dynamo, traced), False, (warned,))
+    [lost] = lost_control_flow(result, loaded)
+    assert lost.source == (traps, 11) and "traps.py:11" in lost.message

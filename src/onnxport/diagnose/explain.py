@@ -339,8 +339,9 @@ def lost_control_flow(result, loaded: LoadedModel) -> list[Diagnostic]:
     if chosen is None or not chosen.frozen:
         return []
     tried = [a for a in result.attempts if a.exporter in CONTROL_FLOW]
-    lines = evidence_lines(list(result.attempts), [d for d in result.diagnostics if d.code == "tracer-warning"],
-                           loaded)
+    traced = [d for d in result.diagnostics if d.code == "tracer-warning"]
+    own = evidence_lines([chosen], [] if chosen.guards else traced, loaded)  # the kept file's own evidence first
+    lines = list(dict.fromkeys(own + evidence_lines(list(result.attempts), traced, loaded)))
     script = next((a for a in tried if a.exporter == "script" and not a.ok), None)
     refusal = None
     if script and script.error and "could not compile" in script.error:
