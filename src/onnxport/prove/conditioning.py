@@ -147,37 +147,46 @@ def against_exact(loaded: LoadedModel, inputs: tuple[torch.Tensor, ...],
 
 
 NUDGE = 1e-6  # inputs nudged by this times their magnitude: a few float32 roundings
+NUDGES = 3  # nudged runs: how far PyTorch's own detections move varies from one nudge to the next
+
+
+def _nudged(inputs: tuple[torch.Tensor, ...], seed: int) -> tuple[torch.Tensor, ...]:
+    rng = np.random.default_rng(seed)
+    return tuple(t + NUDGE * max(float(t.abs().max()), 1.0) * torch.from_numpy(rng.standard_normal(t.shape)).to(t.dtype)
+                 if t.is_floating_point() and t.numel() else t for t in inputs)
 
 
 def unsteady_detections(loaded: LoadedModel, inputs: tuple[torch.Tensor, ...],
                         pairs: Sequence[tuple[str, np.ndarray, np.ndarray]], per_out: dict[str, dict],
                         tol: Tolerance) -> dict[str, dict]:
     """The failing detection outputs of one case that float32 cannot decide: PyTorch's own detections for the
-    inputs nudged by :data:`NUDGE` move more than the file's differ from them (their paired boxes and scores
-    further, and at least as many unpaired or borderline as the file has unpaired). A black image into Faster
-    R-CNN: nudged by 1e-6, PyTorch's boxes move 7.3 px and its scores 4e-3, the file's 1.1 px and 2.4e-4 from it,
-    and 9 of its 100 detections find no counterpart where 82 of PyTorch's own are borderline. Returns, per such
-    output, PyTorch's own match (``DetectionMatch.to_dict``); a wrong file (boxes decoded wrong, scores off) parts
-    from PyTorch by more than PyTorch from itself and stays failed."""
+    inputs nudged by :data:`NUDGE` (the most over :data:`NUDGES` nudges) move more than the file's differ from
+    them (their paired boxes and scores further, and at least as many unpaired or borderline as the file has
+    unpaired). A black image into Faster R-CNN: nudged by 1e-6, PyTorch's boxes move up to 7.3 px and its scores
+    4e-3, the file's are 1.1 px and 2.4e-4 from it, and 9 of its 100 detections find no counterpart where up to 80
+    of PyTorch's own are unpaired or borderline. Returns, per such output, how far PyTorch's own moved
+    (``box_err``, ``score_err``, ``unpaired``: unmatched and borderline); a wrong file (boxes decoded wrong, scores
+    off) parts from PyTorch by more than PyTorch from itself and stays failed."""
     failing = {n for n, rec in per_out.items() if rec.get("compare") == "detections" and not rec["passed"]}
     if not failing:
         return {}
-    g = torch.Generator().manual_seed(7)
-    nudged = tuple(t + NUDGE * max(float(t.abs().max()), 1.0) * torch.randn(t.shape, generator=g)
-                   if t.is_floating_point() and t.numel() else t for t in inputs)
-    try:
-        again = dict(zip(loaded.output_names, torch_outputs(loaded, nudged)))
-    except Exception:  # noqa: BLE001 - no second answer: the case stays as judged
-        return {}
     ref = {n: r for n, r, _ in pairs}
+    groups = [g for g in detection_groups(list(ref)).values() if set(g.values()) & failing]
+    moved: list[dict[str, float]] = [{"box_err": 0.0, "score_err": 0.0, "unpaired": 0} for _ in groups]
+    for seed in range(NUDGES):
+        try:
+            again = dict(zip(loaded.output_names, torch_outputs(loaded, _nudged(inputs, seed))))
+        except Exception:  # noqa: BLE001 - no second answer: the case stays as judged
+            return {}
+        for group, most in zip(groups, moved):
+            if set(group.values()) <= set(again):
+                own = match_group(group, ref, again, tol, loaded)
+                most.update(box_err=max(most["box_err"], own.box_err), score_err=max(most["score_err"], own.score_err),
+                            unpaired=max(most["unpaired"], own.unmatched + own.borderline))
     unsteady: dict[str, dict] = {}
-    for group in detection_groups(list(ref)).values():
-        names = set(group.values())
-        if not names & failing or not names <= set(again):
-            continue
-        own = match_group(group, ref, again, tol, loaded)
-        file = next(per_out[n] for n in names if "unmatched" in per_out[n])
+    for group, most in zip(groups, moved):
+        file = next(per_out[n] for n in group.values() if "unmatched" in per_out[n])
         box, score = (np.inf if file[k] is None else file[k] for k in ("box_err", "score_err"))
-        if own.box_err >= box and own.score_err >= score and own.unmatched + own.borderline >= file["unmatched"]:
-            unsteady.update({n: own.to_dict() for n in names})
+        if most["box_err"] >= box and most["score_err"] >= score and most["unpaired"] >= file["unmatched"]:
+            unsteady.update({n: dict(most) for n in group.values()})
     return unsteady
