@@ -13,7 +13,7 @@ from onnxport import runtime
 from onnxport.core.diagnostics import Diagnostic, info, warning
 from onnxport.core.errors import UsageError
 from onnxport.core.records import BatchInvariance, Failure
-from onnxport.core.samples import Case, shape_of, sweep_cases, validation_cases
+from onnxport.core.samples import sweep_cases, validation_cases
 from onnxport.diagnose import explain, rootcause
 from onnxport.families.run import Run
 from onnxport.prove import batching, branches, localize
@@ -62,7 +62,8 @@ def check_and_compare(run: Run, diags: list[Diagnostic], localize_failure: bool 
     if failing and not parity.load_error and localize_failure:
         run.progress("localizing the divergence")
         t = time.perf_counter()
-        smallest = min(failing, key=lambda cr: _elements(loaded, cr[0]))[0]  # every node's value is kept there
+        # localizing keeps every node's value of its case: the case of the fewest input elements costs least
+        smallest = min(failing, key=lambda cr: sum(math.prod(s) for s in cr[1].shapes.values()))[0]
         try:
             divergence = localize.find(loaded, result.path, smallest, tolerance, providers=run.providers())
         except localize.TooLarge as e:
@@ -116,8 +117,3 @@ def _placed_session(run: Run, nodes: int) -> tuple[runtime.Placement | None, Any
     except UsageError:
         return None, None
     return runtime.placement_from(sess, run.device, chain, "".join(log), gpu=run.options.runtime.gpu), sess
-
-
-def _elements(loaded: LoadedModel, case: Case) -> int:
-    """A case's input elements: localizing keeps every node's value of its case, so the smallest costs least."""
-    return sum(math.prod(shape_of(spec, case.sizes)) for spec in loaded.inputs)
