@@ -1,8 +1,8 @@
 """Is a refusal right? For a model onnxport did not prove, try the plain exporters the way a user would,
 without onnxport's chain: ``torch.onnx.export`` with dynamo and with TorchScript, each with the dims onnxport
 declares dynamic and at the fixed export size, and run each file that comes out on onnxruntime at the sizes of
-onnxport's case matrix (export, min, max, odd, ...), judged against PyTorch at onnxport's tolerance (each output
-at its own scale). A refusal is right only where no file computes the same thing at the declared sizes.
+onnxport's case matrix (export, min, max, odd, ...), judged against PyTorch by onnxport's own judge at its
+tolerance (each output at its own scale, detections matched as sets). A refusal is right only where no file computes the same thing at the declared sizes.
 
     .venv/bin/python benchmarks/refusal_check.py torchvision:raft_small
     .venv/bin/python benchmarks/refusal_check.py timm:NAME --json out.json
@@ -47,40 +47,21 @@ def _attempts(loaded, dynamic: bool):
 
 
 def _judge(loaded, path: Path, dynamic: bool) -> dict:
-    """Run the file at each case of onnxport's matrix (the export size only when it is fixed): cases right and
-    wrong, the first wrong one's worst error or onnxruntime's error."""
-    import numpy as np
-    import onnxruntime as ort
-    import torch
+    """Run the file at each case of onnxport's matrix (the export size only when it is fixed) through onnxport's
+    own judge (each output at its own scale, detections matched as sets): cases right and wrong, and the first
+    wrong one's error."""
+    from onnxport.core.samples import validation_cases
+    from onnxport.prove.parity import compare
 
-    from onnxport.core.records import FP32
-    from onnxport.core.samples import make_inputs, validation_cases
-    from onnxport.prove.compare import compare_arrays, own_tolerance
-
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     cases = validation_cases(loaded.dims)[:None if dynamic else 1]  # the first case is at the export size
-    right, wrong, first = [], [], None
-    feeds = [i.name for i in sess.get_inputs()]
-    for case in cases:
-        x = make_inputs(loaded.inputs, case.sizes, case.values, seed=case.seed)
-        with torch.inference_mode():
-            ref = loaded.flat(*x)
-        ref = [r.detach().numpy() for r in (ref if isinstance(ref, (tuple, list)) else (ref,))]
-        try:
-            got = sess.run(None, {n: t.numpy() for n, t in zip(feeds, x)})
-        except Exception as e:  # noqa: BLE001 - onnxruntime's refusal of a shape is the answer
-            wrong.append(case.label)
-            first = first or f"{case.label}: onnxruntime: {str(e).splitlines()[0][:200]}"
-            continue
-        errs = [compare_arrays(r, np.asarray(g), own_tolerance(r, FP32)) for r, g in zip(ref, got)]
-        if len(got) == len(ref) and all(ok for _, _, ok in errs):
-            right.append(case.label)
-        else:
-            wrong.append(case.label)
-            worst = max((a for a, _, _ in errs), default=float("inf"))
-            first = first or f"{case.label}: max abs error {worst:.3g}" + (
-                "" if len(got) == len(ref) else f" ({len(got)} outputs, PyTorch {len(ref)})")
-    return {"right": right, "wrong": wrong, **({"first_wrong": first} if first else {})}
+    result = compare(loaded, path, cases=cases)
+    if result.load_error:
+        return {"error": f"onnxruntime: {result.load_error[:240]}"}
+    wrong = [c for c in result.cases if not c.passed]
+    first = wrong and f"{wrong[0].label}: {wrong[0].error or f'max abs error {wrong[0].max_abs_err:.3g}'}"[:300]
+    return {"right": [c.label for c in result.cases if c.passed], "wrong": [c.label for c in wrong],
+            **({"first_wrong": first} if first else {}),
+            **({"cannot_tell": dict(result.cannot_tell)} if result.cannot_tell else {})}
 
 
 def _reason(e: BaseException) -> str:

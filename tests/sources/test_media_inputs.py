@@ -202,6 +202,7 @@ def test_residual_sums_that_grow_with_any_weights_get_measured_batch_norms():
     assert unlike(woken) is None and not net.training and not any(m.training for m in net.modules())
     (note,) = [d for d in woken.diagnostics if d.code == "random-weights-lively"]
     assert "batch norms got the statistics of a random batch" in note.message
+    assert "(He, fan in) and its batch norms" in note.message  # He's weights kept: the norms measured on them
 
 
 def test_random_weights_that_give_one_output_for_every_input_are_woken_with_a_note():

@@ -361,20 +361,26 @@ def test_default_ranges_narrowed_when_the_largest_case_costs_too_much(monkeypatc
     assert not [d for d in load_model(_src(MODELS, "TinyConv")).diagnostics if d.code == "range-sized-by-cost"]
 
 
-def test_sized_by_cost_takes_the_sides_down_evenly_and_keeps_listed_sizes():
+def test_sized_by_cost_takes_the_sides_down_evenly_and_listed_sizes_down_their_list():
+    """A dim that takes listed sizes counts in the cost too (SAM2's Hiera: sides of listed sizes, batch 16 at
+    896 x 896 was 12 GiB) and loses its sizes above the new top, never the first one above its export size."""
     from onnxport.sources.finish import sized_by_cost
 
     dims = {"batch": Dim("batch", 1, 16, 2), "height": Dim("height", 32, 512, 224),
             "width": Dim("width", 32, 512, 240), "n": Dim("n", 4, 64, 4, sizes=(4, 16, 64))}
-    flops = 10**9  # the max case: 8 * (512/224) * (512/240) = 39x the example
-    same, notes = sized_by_cost(dims, list(dims), flops, budget=40e9)
+    flops = 10**9  # the max case: 8 * (512/224) * (512/240) * 16 = 624x the example
+    same, notes = sized_by_cost(dims, list(dims), flops, budget=700e9)
     assert same == dims and notes == ()
     new, (note,) = sized_by_cost(dims, list(dims), flops, budget=10e9)
-    assert new["batch"].max == 4 and new["n"] == dims["n"]
+    assert new["batch"].max == 4 and new["n"] == Dim("n", 4, 16, 4, sizes=(4, 16)) and "n 4..16 (not ..64)" in note.message
     assert abs(new["height"].max - new["width"].max) <= 32 and new["height"].max >= 256
-    assert 2 * (new["height"].max / 224) * (new["width"].max / 240) <= 10
+    assert 2 * (new["height"].max / 224) * (new["width"].max / 240) * 4 <= 10
     floor, _ = sized_by_cost(dims, list(dims), flops, budget=1.0)  # never below just above the export size
-    assert (floor["batch"].max, floor["height"].max, floor["width"].max) == (3, 256, 256)
+    assert (floor["batch"].max, floor["height"].max, floor["width"].max, floor["n"].max) == (3, 256, 256, 16)
+    only, _ = sized_by_cost({"batch": dims["batch"], "n": dims["n"]}, ["batch", "n"], flops, budget=10e9)
+    assert (only["batch"].max, only["n"].sizes) == (4, (4, 16))  # listed sizes alone move too
+    held, _ = sized_by_cost(dims, ["batch"], flops, budget=10e9)  # the sides declared (probed): batch pays
+    assert held["batch"].max == 3 and all(held[s] == dims[s] for s in ("height", "width", "n"))
 
 
 def test_made_up_sides_can_be_fixed_declared_ones_never():

@@ -148,39 +148,51 @@ def _example_run(flat: nn.Module, example: list[torch.Tensor], count: bool) -> t
 def sized_by_cost(dims: dict[str, Dim], syms: list[str], flops: int,
                   budget: float | None = None) -> tuple[dict[str, Dim], tuple[Diagnostic, ...]]:
     """``dims`` with the default ranges of ``syms`` narrowed until the proof's all-max case costs about
-    ``budget`` FLOPs, estimated from the example forward's ``flops`` as growing with each dim's size: batch down
-    to 4 first, then the other dims evenly, each kept above its export size; a ``range-sized-by-cost`` note
-    says what changed and how to prove the wider range. Dims that take listed sizes only stay as they are."""
+    ``budget`` FLOPs, estimated from the example forward's ``flops`` as growing with each dim's size (the
+    declared ones' too, which stay as they are): batch down to 4 first, then the other dims evenly, each kept above its export size (a dim that takes listed sizes only
+    keeps those up to its new top); a ``range-sized-by-cost`` note says what changed and how to prove the wider
+    range."""
     budget = MAX_CASE_FLOPS if budget is None else budget
     sizes = export_sizes(dims)
-    syms = [s for s in syms if dims[s].sizes is None and dims[s].max > sizes[s]]
+    syms = [s for s in syms if dims[s].max > sizes[s]]
+    held = {s: d.max for s, d in dims.items() if s not in syms and d.max > sizes[s]}  # declared: they cost too
 
     def cost(tops: dict[str, int]) -> float:
-        return flops * math.prod(tops[s] / max(sizes[s], 1) for s in syms)
+        return flops * math.prod(n / max(sizes[s], 1) for s, n in {**held, **tops}.items())
+
+    def floor(s: str) -> int:
+        if dims[s].sizes is not None:
+            return min((n for n in dims[s].sizes if n > sizes[s]), default=dims[s].max)
+        return min(dims[s].max, sizes[s] + 1 if s == "batch" else -(-(sizes[s] + 1) // 32) * 32)
+
+    def lower(s: str, n: int) -> int:
+        if dims[s].sizes is not None:
+            return max((k for k in dims[s].sizes if floors[s] <= k < n), default=n)
+        return max(floors[s], n - (32 if n - floors[s] >= 32 and sizes[s] >= 32 else 1))
 
     tops = {s: dims[s].max for s in syms}
     wanted = cost(tops)
     if wanted <= budget:
         return dims, ()
-    floors = {s: min(dims[s].max, sizes[s] + 1 if s == "batch" else -(-(sizes[s] + 1) // 32) * 32) for s in syms}
-    if "batch" in tops:
+    floors = {s: floor(s) for s in syms}
+    if "batch" in tops and dims["batch"].sizes is None:
         tops["batch"] = max(floors["batch"], min(tops["batch"], 4))
     others = [s for s in syms if s != "batch"]
-    for _ in range(64):  # each pass takes the sides down a step of 32 (or one), the batch last
+    for _ in range(64):  # each pass takes the sides down a step of 32 (or one, or a listed size), the batch last
         if cost(tops) <= budget:
             break
         movable = [s for s in others if tops[s] > floors[s]] or [s for s in syms if tops[s] > floors[s]]
         if not movable:
             break
         for s in movable:
-            step = 32 if tops[s] - floors[s] >= 32 and sizes[s] >= 32 else 1
-            tops[s] = max(floors[s], tops[s] - step)
+            tops[s] = lower(s, tops[s])
     changed = {s: n for s, n in tops.items() if n < dims[s].max}
     if not changed:
         return dims, ()
     new = dict(dims)
     for s, n in changed.items():
-        new[s] = dataclasses.replace(dims[s], max=n)
+        kept = dims[s].sizes and tuple(k for k in dims[s].sizes if k <= n)
+        new[s] = dataclasses.replace(dims[s], max=n, sizes=kept or None)
     told = ", ".join(f"{s} {dims[s].min}..{n} (not ..{dims[s].max})" for s, n in changed.items())
     note = info("range-sized-by-cost",
                 f"default ranges narrowed to {told}: at the full ranges the proof's largest case would take "

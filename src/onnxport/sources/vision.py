@@ -163,8 +163,8 @@ def unlike(lm: LoadedModel) -> str | None:
 def awake(lm: LoadedModel) -> LoadedModel:
     """``lm`` whose outputs a proof can judge: when the library's random initialisation makes them
     :func:`unlike` (scaled for training; trained weights replace it), every Linear and convolution gets He's
-    initialisation (seeded; it keeps the activations' scale from layer to layer), said in a
-    ``random-weights-lively`` note; a model still unlike gets the library's weights back (its proof says why). For
+    initialisation (seeded; it keeps the activations' scale from layer to layer), with its batch norms'
+    statistics measured on a random batch when that alone is not enough, said in a ``random-weights-lively`` note; a model still unlike gets the library's weights back (its proof says why). For
     ``torchvision:``/``timm:`` names only: the user's weights are never touched."""
     why = unlike(lm)
     if why is None:
@@ -174,16 +174,20 @@ def awake(lm: LoadedModel) -> LoadedModel:
     torch.manual_seed(0)
     for m in layers:
         nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
+    he = "every Linear and convolution got a variance-keeping random initialisation (He, fan in)"
+    norms = ("its batch norms got the statistics of a random batch (as training would give them), so each "
+             "normalises its input")
     if unlike(lm) is None:
-        how = "every Linear and convolution got a variance-keeping random initialisation (He, fan in)"
+        how = he
+    elif _calibrated(lm):  # both: a detector's heads score above its threshold only on normalised features
+        how = f"{he} and {norms}"
     else:  # no better (ConvMixer's residual sums grow with any weights): the library's weights back, its batch
         with torch.no_grad():  # norms' statistics measured instead
             for m, w in zip(layers, kept):
                 m.weight.copy_(w)
         if not _calibrated(lm):
             return lm
-        how = ("its batch norms got the statistics of a random batch (as training would give them), so each "
-               "normalises its input")
+        how = norms
     note = info("random-weights-lively", f"with the library's random initialisation (scaled for training: trained "
                 f"weights replace it) the outputs were {why}, so {how}, and the proof can tell a right file from a "
                 "wrong one")
