@@ -344,15 +344,16 @@ def test_images_guessed_from_the_first_convolution(name, shapes, sides):
 
 
 def test_default_ranges_narrowed_when_the_largest_case_costs_too_much(monkeypatch):
-    """Over the FLOP budget the guessed ranges shrink (batch to 4 first, then the sides, never to the export size)
-    with a note naming the wider range; a declared --dim is never narrowed; within budget nothing changes."""
+    """Over the FLOP budget the guessed ranges shrink (batch to 4 first, then the sides, never to the export size,
+    the batch last to its own) with a note naming the wider range; a declared --dim is never narrowed; within
+    budget nothing changes."""
     import importlib
 
     finish = importlib.import_module("onnxport.sources.finish")
     monkeypatch.setattr(finish, "MAX_CASE_FLOPS", 1e6)
     lm = load_model(_src(MODELS, "TinyConv"))
     sizes = export_sizes(lm.dims)
-    assert sizes["batch"] < lm.dims["batch"].max <= 4 and sizes["height"] < lm.dims["height"].max < 512
+    assert sizes["batch"] <= lm.dims["batch"].max <= 4 and sizes["height"] < lm.dims["height"].max < 512
     (note,) = [d for d in lm.diagnostics if d.code == "range-sized-by-cost"]
     assert "(not ..16)" in note.message and "TFLOPs" in note.message and "-d height=32..512" in note.hint
     declared = load_model(_src(MODELS, "TinyConv"), dims=[Dim("height", 32, 512)])
@@ -375,12 +376,26 @@ def test_sized_by_cost_takes_the_sides_down_evenly_and_listed_sizes_down_their_l
     assert new["batch"].max == 4 and new["n"] == Dim("n", 4, 16, 4, sizes=(4, 16)) and "n 4..16 (not ..64)" in note.message
     assert abs(new["height"].max - new["width"].max) <= 32 and new["height"].max >= 256
     assert 2 * (new["height"].max / 224) * (new["width"].max / 240) * 4 <= 10
-    floor, _ = sized_by_cost(dims, list(dims), flops, budget=1.0)  # never below just above the export size
-    assert (floor["batch"].max, floor["height"].max, floor["width"].max, floor["n"].max) == (3, 256, 256, 16)
+    floor, _ = sized_by_cost(dims, list(dims), flops, budget=1.0)  # the sides just above their export size,
+    assert (floor["batch"].max, floor["height"].max, floor["width"].max, floor["n"].max) == (2, 256, 256, 16)
+    assert floor["batch"].min == 1  # the batch last down to its export size: 1..2 still varies it
     only, _ = sized_by_cost({"batch": dims["batch"], "n": dims["n"]}, ["batch", "n"], flops, budget=10e9)
     assert (only["batch"].max, only["n"].sizes) == (4, (4, 16))  # listed sizes alone move too
-    held, _ = sized_by_cost(dims, ["batch"], flops, budget=10e9)  # the sides declared (probed): batch pays
+    held, _ = sized_by_cost(dims, ["batch"], flops, budget=120e9)  # the sides declared (probed): batch pays
     assert held["batch"].max == 3 and all(held[s] == dims[s] for s in ("height", "width", "n"))
+
+
+def test_sized_by_cost_counts_the_largest_tensor_too():
+    """SAM's ViT: cheap enough in FLOPs at batch 3, but a 4096 x 4096 attention bias per head (1.6 GB at batch 2)
+    held 16 GiB in the proof: the largest tensor binds, the batch gives way to its export size, the note says
+    why in GiB."""
+    from onnxport.sources.finish import MAX_CASE_TENSOR, sized_by_cost
+
+    dims = {"batch": Dim("batch", 1, 16, 2)}
+    small, notes = sized_by_cost(dims, ["batch"], 10**9, largest=10**6)
+    assert small == dims and notes == ()
+    big, (note,) = sized_by_cost(dims, ["batch"], 10**9, largest=int(0.8 * MAX_CASE_TENSOR))
+    assert big["batch"].max == 2 and "GiB for its largest tensor" in note.message and "TFLOPs" not in note.message
 
 
 def test_made_up_sides_can_be_fixed_declared_ones_never():

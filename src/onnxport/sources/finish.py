@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from onnxport.core.diagnostics import Diagnostic, info, warning
 from onnxport.core.errors import ConstrainedDims, SourceError, UsageError, one_line
@@ -47,6 +49,7 @@ class Finishing:
 
 
 MAX_CASE_FLOPS = 1e12  # the proof's all-max case, estimated from the example forward: about 10 s of one core
+MAX_CASE_TENSOR = 2 * 2**30  # its largest tensor (bytes): PyTorch and onnxruntime each hold a few such at once
 
 
 def finish(source: str, name: str, kind: str, model: nn.Module, specs: list[InputSpec], declared: list[Dim],
@@ -73,7 +76,7 @@ def finish(source: str, name: str, kind: str, model: nn.Module, specs: list[Inpu
     example = make_inputs(spec_t, export_sizes(resolved), seed=0)
     sized = [sym for sym in more.sized if sym in resolved and sym not in {d.symbol for d in declared}]
     try:
-        out, flops = _example_run(flat, example, count=bool(sized))
+        out, flops, largest = _example_run(flat, example, count=bool(sized))
     except Exception as e:  # noqa: BLE001 - a model that cannot run on its own inputs
         first = one_line(e, 300)
         if isinstance(e, IndexError) and "index out of range" in first:
@@ -89,7 +92,7 @@ def finish(source: str, name: str, kind: str, model: nn.Module, specs: list[Inpu
     outs = _distinct_from_inputs(names_of(out), names)  # the model ran: what follows is about its output
     del out
     if flops:
-        resolved, narrowed = sized_by_cost(resolved, sized, flops)
+        resolved, narrowed = sized_by_cost(resolved, sized, flops, largest=largest)
         diags += narrowed
     _preflight(flat, spec_t, resolved)
     extra = dict(more.extra or {})
@@ -129,30 +132,48 @@ def at_fixed_sizes(loaded: LoadedModel, why: str) -> LoadedModel | None:
                                extra={k: v for k, v in loaded.extra.items() if k != FIXABLE})
 
 
-def _example_run(flat: nn.Module, example: list[torch.Tensor], count: bool) -> tuple[Any, int]:
-    """The model's outputs at the export sizes and, when ``count``, the FLOPs that forward took (0 when
-    PyTorch's counter cannot follow the model: the model is then run without it)."""
+class _Largest(TorchDispatchMode):
+    """The bytes of the largest tensor any operation makes (SAM's ViT: a 4096 x 4096 attention bias per head)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 - torch's protocol
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.bytes = max(self.bytes, t.numel() * t.element_size())
+        return out
+
+
+def _example_run(flat: nn.Module, example: list[torch.Tensor], count: bool) -> tuple[Any, int, int]:
+    """The model's outputs at the export sizes and, when ``count``, the FLOPs that forward took and the bytes of
+    its largest tensor (0, 0 when PyTorch's counter cannot follow the model: the model is then run without it)."""
     with torch.inference_mode():
         if count:
             from torch.utils.flop_counter import FlopCounterMode
 
-            counter = FlopCounterMode(display=False)
+            counter, largest = FlopCounterMode(display=False), _Largest()
             try:
-                with counter:
-                    return flat.raw(*example), int(counter.get_total_flops())
+                with counter, largest:
+                    return flat.raw(*example), int(counter.get_total_flops()), largest.bytes
             except Exception:  # noqa: BLE001 - the counter's failure or the model's: the plain run below tells
                 pass
-        return flat.raw(*example), 0
+        return flat.raw(*example), 0, 0
 
 
-def sized_by_cost(dims: dict[str, Dim], syms: list[str], flops: int,
-                  budget: float | None = None) -> tuple[dict[str, Dim], tuple[Diagnostic, ...]]:
+def sized_by_cost(dims: dict[str, Dim], syms: list[str], flops: int, budget: float | None = None,
+                  largest: int = 0) -> tuple[dict[str, Dim], tuple[Diagnostic, ...]]:
     """``dims`` with the default ranges of ``syms`` narrowed until the proof's all-max case costs about
-    ``budget`` FLOPs, estimated from the example forward's ``flops`` as growing with each dim's size (the
-    declared ones' too, which stay as they are): batch down to 4 first, then the other dims evenly, each kept above its export size (a dim that takes listed sizes only
-    keeps those up to its new top); a ``range-sized-by-cost`` note says what changed and how to prove the wider
-    range."""
+    ``budget`` FLOPs and its largest tensor :data:`MAX_CASE_TENSOR`, estimated from the example forward's
+    ``flops`` and ``largest`` bytes as growing with each dim's size (the declared ones' too, which stay as they
+    are): batch down to 4 first, then the other dims evenly, each kept above its export size (a dim that takes
+    listed sizes only keeps those up to its new top), the batch last down to its export size; a
+    ``range-sized-by-cost`` note says what changed and how to prove the wider range."""
     budget = MAX_CASE_FLOPS if budget is None else budget
+    memory = largest * budget / MAX_CASE_TENSOR > flops  # the memory binds before the time
+    flops = max(flops, largest * budget / MAX_CASE_TENSOR)  # the largest tensor as the FLOPs it may cost
     sizes = export_sizes(dims)
     syms = [s for s in syms if dims[s].max > sizes[s]]
     held = {s: d.max for s, d in dims.items() if s not in syms and d.max > sizes[s]}  # declared: they cost too
@@ -186,6 +207,8 @@ def sized_by_cost(dims: dict[str, Dim], syms: list[str], flops: int,
             break
         for s in movable:
             tops[s] = lower(s, tops[s])
+    if cost(tops) > budget and "batch" in tops and dims["batch"].sizes is None and dims["batch"].min < sizes["batch"]:
+        tops["batch"] = sizes["batch"]  # min..export still varies it
     changed = {s: n for s, n in tops.items() if n < dims[s].max}
     if not changed:
         return dims, ()
@@ -196,7 +219,9 @@ def sized_by_cost(dims: dict[str, Dim], syms: list[str], flops: int,
     told = ", ".join(f"{s} {dims[s].min}..{n} (not ..{dims[s].max})" for s, n in changed.items())
     note = info("range-sized-by-cost",
                 f"default ranges narrowed to {told}: at the full ranges the proof's largest case would take "
-                f"an estimated {wanted / 1e12:.1f} TFLOPs per run, now about {cost(tops) / 1e12:.1f}",
+                + (f"an estimated {wanted / budget * MAX_CASE_TENSOR / 2**30:.1f} GiB for its largest tensor, "
+                   f"now about {cost(tops) / budget * MAX_CASE_TENSOR / 2**30:.1f}" if memory else
+                   f"an estimated {wanted / 1e12:.1f} TFLOPs per run, now about {cost(tops) / 1e12:.1f}"),
                 hint="declare the wider range with --dim (for example "
                      f"{' '.join(f'-d {s}={dims[s].min}..{dims[s].max}' for s in changed)}) to prove it")
     return new, (note,)
