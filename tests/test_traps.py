@@ -127,6 +127,21 @@ def test_random_ops_are_nondeterministic(tmp_path):
     assert _diag(rep, "nondeterministic")["module"] == "RandomNoise (the model's own forward)"
 
 
+def test_random_ops_and_nans_found_from_the_outputs_when_module_outputs_are_too_large(monkeypatch):
+    """Every module's output is held twice to name the one that draws random numbers; past the localizing budget
+    (SAM's ViT at batch 2 and 1024 x 1024: 10 GiB) the model's outputs alone are compared."""
+    from onnxport.core.samples import validation_cases
+    from onnxport.diagnose import explain
+
+    monkeypatch.setattr(explain, "MAX_HELD", 1)
+    for name, code in (("RandomNoise", "nondeterministic"), ("LogOfNegative", "nan-in-pytorch")):
+        loaded = api.load_model(f"{TRAPS}:{name}", inputs=["x:float32[batch,4]"])
+        (found,) = [d for d in explain.runtime_traps(loaded, validation_cases(loaded.dims)[0]) if d.code == code]
+        assert name in found.message
+    quiet = api.load_model(f"{MODELS}:TinyMLP", inputs=["x:float32[batch,8]"])
+    assert explain.runtime_traps(quiet, validation_cases(quiet.dims)[0]) == []
+
+
 def test_nan_in_pytorch_itself_is_reported_with_its_module(tmp_path):
     rep = _export(tmp_path, f"{TRAPS}:LogOfNegative", ["x:float32[batch,4]"])
     d = _diag(rep, "nan-in-pytorch")

@@ -245,3 +245,32 @@ def test_dims_refused_is_a_relation_only():
                             "Suggested fixes:\n  batch = 2")
     assert dims_refused(constant) is None
     assert dims_refused(AssertionError("Cannot create Dim with inconsistent min=2, max=2")).startswith("Cannot")
+
+
+def test_torchscript_traces_without_autograd_unless_a_fused_module_needs_it(tmp_path):
+    """A trace with autograd on keeps every activation for a backward pass (SAM's ViT held 14 GiB): off, unless
+    the model has a PyTorch module whose fused inference path runs under no_grad (then on, or that path's
+    aten::_transformer_encoder_layer_fwd has no ONNX translation)."""
+    import torch
+    from torch import nn
+
+    from onnxport.exporters.strategies import trace_grad
+    from tests.fixtures.models import TinyText
+
+    seen = []
+
+    class Spy(nn.Module):
+        def __init__(self, inner: nn.Module | None = None) -> None:
+            super().__init__()
+            self.fc, self.inner = nn.Linear(8, 8), inner
+
+        def forward(self, x):
+            seen.append(torch.is_grad_enabled())
+            return self.fc(x)
+
+    for model, grad in ((Spy(), False), (Spy(nn.MultiheadAttention(8, 2)), True)):
+        with trace_grad(model):
+            model(torch.ones(1, 8))
+        assert seen.pop() is grad
+    assert isinstance(trace_grad(TinyText()), torch.enable_grad)
+    export(_mlp(), tmp_path / "m.onnx", exporter="torchscript")  # and the export itself still runs

@@ -7,6 +7,7 @@ raises (``NotApplicable`` when it has nothing to do for this model).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import onnx
 import torch
+from torch import nn
 
 from onnxport.core.diagnostics import Diagnostic, info, warning
 from onnxport.core.onnxfile import save_model
@@ -216,6 +218,17 @@ def narrowed_dims(loaded: LoadedModel, ep) -> list[Diagnostic]:
     return out
 
 
+FUSED = (nn.TransformerEncoder, nn.TransformerEncoderLayer, nn.MultiheadAttention)  # inference fast paths
+
+
+def trace_grad(model: nn.Module) -> contextlib.AbstractContextManager:
+    """The autograd mode to trace ``model`` in: off, so that the trace keeps no activations for a backward pass
+    (SAM's ViT at batch 2 and 1024 x 1024 held 14 GiB with it on), unless the model has a PyTorch module whose
+    fused inference fast path runs under no_grad (aten::_transformer_encoder_layer_fwd has no ONNX translation):
+    then on, as a user's plain call runs."""
+    return torch.enable_grad() if any(isinstance(m, FUSED) for m in model.modules()) else torch.no_grad()
+
+
 def _export_torchscript(loaded: LoadedModel, path: Path, opset: int, external: bool, lines=()) -> list[Diagnostic]:
     example = make_inputs(loaded.inputs, export_sizes(loaded.dims), seed=0)
     dynamic_axes: dict[str, dict[int, str]] = {}
@@ -226,9 +239,7 @@ def _export_torchscript(loaded: LoadedModel, path: Path, opset: int, external: b
     dynamic_axes.update(_output_axes(loaded))
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".ts-export-") as tmp:
         raw = Path(tmp) / "raw.onnx"
-        # with autograd on, as a user's plain call runs: under no_grad nn.TransformerEncoderLayer takes its fused
-        # fast path (aten::_transformer_encoder_layer_fwd), which has no ONNX translation
-        with packed.applied(loaded, opset, "torchscript") as rewrite:
+        with trace_grad(loaded.model), packed.applied(loaded, opset, "torchscript") as rewrite:
             torch.onnx.export(
                 loaded.flat, example, str(raw), dynamo=False, input_names=[s.name for s in loaded.inputs],
                 output_names=list(loaded.output_names), dynamic_axes=dynamic_axes or None, opset_version=opset,
@@ -312,7 +323,8 @@ def _export_script(loaded: LoadedModel, path: Path, opset: int, external: bool, 
         raise NotApplicable(str(e)) from None
     example = make_inputs(loaded.inputs, export_sizes(loaded.dims), seed=0)
     # torch.jit.trace (not the exporter's own tracer) registers scripted submodules inside a traced wrapper
-    traced = torch.jit.trace(flat, example, check_trace=False, strict=False)
+    with trace_grad(flat.model):
+        traced = torch.jit.trace(flat, example, check_trace=False, strict=False)
     _export_torchscript(dataclasses.replace(loaded, flat=traced, model=flat.model), path, opset, external)
     kept = [t.module or "the model" for t in tries if t.ok]
     return [info("control-flow-kept", f"scripted {', '.join(kept)} with torch.jit.script: its if/for/while are "
