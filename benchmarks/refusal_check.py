@@ -2,7 +2,8 @@
 without onnxport's chain: ``torch.onnx.export`` with dynamo and with TorchScript, each with the dims onnxport
 declares dynamic and at the fixed export size, and run each file that comes out on onnxruntime at the sizes of
 onnxport's case matrix (export, min, max, odd, ...), judged against PyTorch by onnxport's own judge at its
-tolerance (each output at its own scale, detections matched as sets). A refusal is right only where no file computes the same thing at the declared sizes.
+tolerance (each output at its own scale, detections matched as sets). A refusal is right only where no file
+computes the same thing at the declared sizes.
 
     .venv/bin/python benchmarks/refusal_check.py torchvision:raft_small
     .venv/bin/python benchmarks/refusal_check.py timm:NAME --json out.json
@@ -95,24 +96,19 @@ def _telling(loaded) -> bool:
 
 def _unsteady(loaded) -> str | None:
     """The output PyTorch's own answer moves past onnxport's tolerance for, when the inputs at the export size
-    are nudged by 1e-6 of their magnitude (float32 rounding's size), with how far; None when every output holds.
-    RT-DETR's random weights tie the scores its top-k picks the queries by, so rounding alone picks others: no
-    file can be judged against such outputs, right or wrong."""
+    are nudged as onnxport's judge nudges them (1e-6 of their magnitude: float32 rounding's size), with how far;
+    None when every output holds. RT-DETR's random weights tie the scores its top-k picks the queries by, so
+    rounding alone picks others: no file can be judged against such outputs, right or wrong."""
     import numpy as np
-    import torch
 
     from onnxport.core.records import FP32
     from onnxport.core.samples import export_sizes, make_inputs
     from onnxport.prove.compare import compare_arrays, own_tolerance
+    from onnxport.prove.conditioning import nudged
+    from onnxport.prove.references import torch_outputs
 
-    x = make_inputs(loaded.inputs, export_sizes(loaded.dims), seed=0)
-    gen = torch.Generator().manual_seed(0)
-    nudged = [t + 1e-6 * t.abs().max() * torch.randn(t.shape, generator=gen) if t.is_floating_point() else t
-              for t in x]
-    with torch.inference_mode():
-        a, b = (loaded.flat(*v) for v in (x, nudged))
-    for name, p, q in zip(loaded.output_names, *(o if isinstance(o, (tuple, list)) else (o,) for o in (a, b))):
-        p, q = p.detach().numpy(), q.detach().numpy()
+    x = tuple(make_inputs(loaded.inputs, export_sizes(loaded.dims), seed=0))
+    for name, p, q in zip(loaded.output_names, torch_outputs(loaded, x), torch_outputs(loaded, nudged(x, 0))):
         if (loaded.compare or {}).get(name) == "detections":
             continue  # matched as sets, not element by element
         if p.dtype.kind == "f" and p.shape == q.shape and p.size:

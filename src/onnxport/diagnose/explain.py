@@ -21,6 +21,7 @@ from onnxport.exporters.evidence import DATA_DEPENDENT, SKIP_FILES, evidence_lin
 from onnxport.exporters.opsets import candidate_opsets, op_version
 from onnxport.exporters.strategies import CONTROL_FLOW
 from onnxport.prove.localize import MAX_HELD, TooLarge, record_modules
+from onnxport.prove.references import torch_outputs
 from onnxport.runtime.placement import Placement, node_name
 from onnxport.sources.base import LoadedModel
 
@@ -255,10 +256,8 @@ def runtime_traps(loaded: LoadedModel, case: Case) -> list[Diagnostic]:
 def _outputs(loaded: LoadedModel, inputs: tuple[torch.Tensor, ...], seed: int) -> list[tuple[str, str, np.ndarray]]:
     """The model's floating outputs as :func:`record_modules` gives its modules' (path "": the model)."""
     torch.manual_seed(seed)
-    with torch.inference_mode():
-        out = loaded.flat(*inputs)
-    leaves = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    return [("", type(loaded.model).__name__, t.detach().float().numpy()) for t in leaves]
+    return [("", type(loaded.model).__name__, a.astype(np.float32))
+            for a in torch_outputs(loaded, inputs) if a.dtype.kind == "f"]
 
 
 def explain_divergence(div: Divergence, loaded: LoadedModel, diags: Sequence[Diagnostic]) -> Diagnostic:

@@ -150,7 +150,8 @@ NUDGE = 1e-6  # inputs nudged by this times their magnitude: a few float32 round
 NUDGES = 3  # nudged runs: how far PyTorch's own detections move varies from one nudge to the next
 
 
-def _nudged(inputs: tuple[torch.Tensor, ...], seed: int) -> tuple[torch.Tensor, ...]:
+def nudged(inputs: tuple[torch.Tensor, ...], seed: int) -> tuple[torch.Tensor, ...]:
+    """``inputs`` with float32 rounding's size of noise added: :data:`NUDGE` of each one's magnitude (at least 1)."""
     rng = np.random.default_rng(seed)
     return tuple(t + NUDGE * max(float(t.abs().max()), 1.0) * torch.from_numpy(rng.standard_normal(t.shape)).to(t.dtype)
                  if t.is_floating_point() and t.numel() else t for t in inputs)
@@ -175,7 +176,7 @@ def unsteady_detections(loaded: LoadedModel, inputs: tuple[torch.Tensor, ...],
     moved: list[dict[str, float]] = [{"box_err": 0.0, "score_err": 0.0, "unpaired": 0} for _ in groups]
     for seed in range(NUDGES):
         try:
-            again = dict(zip(loaded.output_names, torch_outputs(loaded, _nudged(inputs, seed))))
+            again = dict(zip(loaded.output_names, torch_outputs(loaded, nudged(inputs, seed))))
         except Exception:  # noqa: BLE001 - no second answer: the case stays as judged
             return {}
         for group, most in zip(groups, moved):

@@ -164,8 +164,9 @@ def awake(lm: LoadedModel) -> LoadedModel:
     """``lm`` whose outputs a proof can judge: when the library's random initialisation makes them
     :func:`unlike` (scaled for training; trained weights replace it), every Linear and convolution gets He's
     initialisation (seeded; it keeps the activations' scale from layer to layer), with its batch norms'
-    statistics measured on a random batch when that alone is not enough, said in a ``random-weights-lively`` note; a model still unlike gets the library's weights back (its proof says why). For
-    ``torchvision:``/``timm:`` names only: the user's weights are never touched."""
+    statistics measured on a random batch when that alone is not enough, said in a ``random-weights-lively``
+    note; a model still unlike gets the library's weights back (its proof says why). For ``torchvision:``/
+    ``timm:`` names only: the user's weights are never touched."""
     why = unlike(lm)
     if why is None:
         return lm
